@@ -1,0 +1,1 @@
+"""kvctl's command line: parses, calls kvctl's core, prints. No logic of its own."""

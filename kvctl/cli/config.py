@@ -1,0 +1,159 @@
+"""`kvctl config`: list, show, render and validate templates and configs."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvctl.cli.errors import EXIT_FAILED, handle_errors
+from kvctl.cli.options import FileArg, JsonOpt, SetOpt, TemplatePathOpt, VllmVersionOpt
+
+app = typer.Typer(help="Render and check kv_transfer_config, mooncake.json and server env from templates.",
+                  no_args_is_help=True)
+
+
+class Format(str, Enum):
+    verl = "verl"
+    vllm_args = "vllm-args"
+    json = "json"
+    env = "env"
+    mooncake = "mooncake"
+
+
+@app.command("list")
+@handle_errors
+def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = False) -> None:
+    """List templates: name, connectors, vLLM range, description."""
+    from kvctl import templates
+    from kvctl.cli import output
+
+    rows = [
+        {"name": t.name, "connectors": t.connectors(), "vllm": _range(t), "description": t.description,
+         "origin": t.origin}
+        for t in templates.load_all(template_path)
+    ]
+    if json_out:
+        return output.print_json(rows)
+    table = output.table("template", "connectors", "vLLM", "description")
+    for row in rows:
+        name = row["name"] + ("" if row["origin"] == "built-in" else " [dim](user)[/]")
+        table.add_row(name, ", ".join(row["connectors"]), row["vllm"], row["description"])
+    output.show(table)
+
+
+@app.command("show")
+@handle_errors
+def show_template(
+    name: Annotated[str, typer.Argument(help="Template name (see: kvctl config list).")],
+    template_path: TemplatePathOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show a template's parameters (type, default, help), layout and notes."""
+    from kvctl import templates
+    from kvctl.cli import output
+
+    t = templates.load(name, template_path)
+    params = [{"name": p.name, "type": p.describe_type(), "default": p.default, "help": p.help}
+              for p in t.parameters.values()]
+    if json_out:
+        return output.print_json({"name": t.name, "description": t.description, "vllm": _range(t),
+                                  "connectors": t.connectors(), "origin": t.origin,
+                                  "parameters": params, "notes": list(t.notes)})
+    output.show(f"[bold]{t.name}[/]  ({t.origin})\n{t.description}\n"
+                f"connectors: {', '.join(t.connectors())}   vLLM: {_range(t)}")
+    table = output.table("parameter", "type", "default", "help")
+    for p in params:
+        default = "[dim](unset)[/]" if p["default"] is None else repr(p["default"]) if p["default"] == "" else str(p["default"])
+        table.add_row(p["name"], p["type"], default, p["help"])
+    output.show(table)
+    for line in t.notes:
+        output.show(f"[dim]note:[/] {line}")
+    output.show(f"render: kvctl config render {t.name} [--set KEY=VALUE ...] --format verl|vllm-args|json|env|mooncake")
+
+
+@app.command("render")
+@handle_errors
+def render(
+    name: Annotated[str, typer.Argument(help="Template name (see: kvctl config list).")],
+    set_: SetOpt = None,
+    vllm_version: VllmVersionOpt = None,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="What to print.")] = Format.verl,
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR",
+                   help="Write every format into DIR as files (atomically) instead of printing.")] = None,
+    template_path: TemplatePathOpt = None,
+) -> None:
+    """Render a template for a vLLM version (default: the installed one, else the newest known).
+
+    Notes on what was fitted to the version go to stderr, so stdout stays pipeable.
+    """
+    from kvctl import templates
+    from kvctl.capabilities import resolve_target
+    from kvctl.cli import output
+    from kvctl.render import render as do_render
+    from kvctl.render import write_bundle
+
+    overrides = templates.parse_overrides(set_ or [])
+    version, source = resolve_target(vllm_version)
+    template = templates.load(name, template_path)
+    bundle = do_render(template, overrides, version, source, bundle_dir=out)
+    text = None if out else bundle.as_format(fmt.value)  # render fully before writing anything
+    for line in bundle.notes:
+        output.note(line)
+    if out is None:
+        output.print_text(text or "")
+        return
+    written = write_bundle(bundle, out)
+    output.err_console().print(f"wrote {len(written)} files for vLLM {version} to {out}:", highlight=False)
+    for path in written:
+        output.err_console().print(f"  {path}", highlight=False)
+
+
+@app.command("validate")
+@handle_errors
+def validate(
+    file: FileArg,
+    vllm_version: VllmVersionOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check a kv_transfer_config (JSON/YAML), a verl config, a mooncake.json or a --out bundle.
+
+    Reports every problem with where it is and how to fix it; exit 1 when any is an error.
+    """
+    from kvctl.capabilities import resolve_target
+    from kvctl.cli import output
+    from kvctl.validate import validate_path
+
+    version, source = resolve_target(vllm_version)
+    report = validate_path(file, version)
+    if json_out:
+        output.print_json({**report.to_dict(), "version_source": source})
+    else:
+        _print_report(report, source)
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print_report(report, source: str) -> None:  # noqa: ANN001 - ValidationReport, imported lazily
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    header = f"{escape(report.path)} ({report.kind}) for vLLM {report.vllm_version} [dim]({escape(source)})[/]"
+    if not report.problems:
+        output.show(f"[green]ok[/]  {header}: no problems found")
+        return
+    table = output.table("", "where", "problem", "fix", title=header)
+    for p in report.problems:
+        table.add_row(output.styled(p.severity), escape(p.where), escape(p.message), escape(p.fix))
+    output.show(table)
+    errors = sum(p.severity == "error" for p in report.problems)
+    warnings = len(report.problems) - errors
+    verdict = "[red]invalid[/]" if errors else "[yellow]valid, with warnings[/]"
+    output.show(f"{verdict}: {errors} error(s), {warnings} warning(s)")
+
+
+def _range(t) -> str:  # noqa: ANN001 - Template
+    return str(t.vllm) or "any"

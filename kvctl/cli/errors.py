@@ -1,0 +1,55 @@
+"""One place that turns kvctl errors into a message and an exit code.
+
+Exit codes: 0 ok, 1 a check failed (or an operation failed), 2 bad usage or input.
+Tracebacks only with --debug or KVCTL_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from kvctl.errors import KvctlError
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("KVCTL_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def handle_errors(func: F) -> F:
+    """Wrap a command: KvctlError -> message on stderr + its exit code; no traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except KvctlError as exc:
+            if debug_enabled():
+                raise
+            _print_error(exc.message, exc.hint)
+            raise typer.Exit(exc.exit_code) from None
+        except Exception as exc:  # a bug: say so briefly, full story with --debug
+            if debug_enabled():
+                raise
+            _print_error(f"internal error: {type(exc).__name__}: {exc}",
+                         "rerun with --debug for the traceback, and report it")
+            raise typer.Exit(EXIT_FAILED) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_error(message: str, hint: str | None) -> None:
+    from kvctl.cli.output import err_console
+
+    err_console().print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    if hint:
+        err_console().print(f"  [bold]fix:[/] {hint}", highlight=False, soft_wrap=True)

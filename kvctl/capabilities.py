@@ -17,6 +17,12 @@ from kvctl.errors import KvctlError
 from kvctl.versions import parse_version
 
 Availability = Literal["yes", "no", "unknown"]
+Position = Literal["never", "before", "inside", "after"]
+# How a named field or connector stands in one release (validate words its message from it).
+Presence = Literal["present", "not_yet", "removed", "never", "unknown"]
+_PRESENCE: dict[str, Presence] = {
+    "inside": "present", "before": "not_yet", "after": "removed", "never": "never",
+}
 
 
 @dataclass(frozen=True)
@@ -32,13 +38,17 @@ class Span:
         return self.since == "never"
 
     def contains(self, version: Version) -> bool:
+        return self.position(version) == "inside"
+
+    def position(self, version: Version) -> Position:
+        """Where `version` falls: before `since`, inside, at/after `until`, or never present."""
         if self.never:
-            return False
+            return "never"
         if self.since is not None and version < Version(self.since):
-            return False
+            return "before"
         if self.until is not None and version >= Version(self.until):
-            return False
-        return True
+            return "after"
+        return "inside"
 
     def describe(self) -> str:
         if self.never:
@@ -137,6 +147,16 @@ class CapabilityTable:
 
     def field(self, name: str) -> ConfigField | None:
         return self.fields.get(name)
+
+    def field_presence(self, version: str | Version, name: str) -> Presence:
+        """Is KVTransferConfig field `name` in `version`: present, not yet, removed, unknown?"""
+        known = self.fields.get(name)
+        return "unknown" if known is None else _PRESENCE[known.span.position(parse_version(version))]
+
+    def connector_presence(self, version: str | Version, name: str) -> Presence:
+        """Is connector `name` registered in `version`: present, not yet, removed, unknown?"""
+        known = self.connectors.get(name)
+        return "unknown" if known is None else _PRESENCE[known.span.position(parse_version(version))]
 
     def is_supported(self, version: str | Version) -> bool:
         return parse_version(version) >= self.min_supported

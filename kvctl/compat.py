@@ -225,5 +225,13 @@ def matrix_markdown() -> str:
     lines = [head, rule]
     for row in data["rows"]:
         cells = " | ".join("yes" if row["cells"][v] else "-" for v in data["versions"])
-        lines.append(f"| {row['title'].replace('|', '&#124;')} | {cells} |")
+        lines.append(f"| {_md(row['title'])} | {cells} |")
+    lines += ["", "Where each row comes from:", "", "| capability | since | until | source |", "|---|---|---|---|"]
+    for row in data["rows"]:
+        since = row["since"] or "all supported"
+        lines.append(f"| {_md(row['title'])} | {since} | {row['until'] or ''} | {_md(row['source'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "&#124;")

@@ -1,17 +1,15 @@
-"""Byte sizes as Mooncake configs write them: 268435456, "256MB", "4GB", "1.5 GiB"."""
+"""Byte sizes as Mooncake configs write them: 268435456, "256MB", "4GB", "1.5GB".
+
+The accepted units are those of vLLM's Mooncake config reader (MooncakeStoreConfig._parse_size):
+B, KB, MB, GB, case-insensitive, powers of 1024. Anything else makes vLLM raise at start, so
+kvctl refuses it too (one rule for --set, render and validate).
+"""
 
 from __future__ import annotations
 
 import re
 
-# Mooncake reads these units as powers of 1024 (FACTS §4).
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kb": 1024, "kib": 1024,
-    "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
-    "g": 1024**3, "gb": 1024**3, "gib": 1024**3,
-    "t": 1024**4, "tb": 1024**4, "tib": 1024**4,
-}
+_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -30,6 +28,6 @@ def parse_size(value: object) -> int:
         if match and match.group(2).lower() in _UNITS:
             return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     raise ValueError(
-        f"{value!r} is not a size: use bytes (268435456) or a number with a unit "
-        "(B, KB, MB, GB, TB; powers of 1024), e.g. \"256MB\""
+        f"{value!r} is not a size: use bytes (268435456) or a number with a unit vLLM's Mooncake "
+        "reader knows (B, KB, MB, GB; powers of 1024), e.g. \"256MB\""
     )

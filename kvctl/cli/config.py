@@ -145,10 +145,10 @@ def _print_report(report, source: str) -> None:  # noqa: ANN001 - ValidationRepo
     if not report.problems:
         output.show(f"[green]ok[/]  {header}: no problems found")
         return
-    table = output.table("", "where", "problem", "fix", title=header)
+    output.show(header)
     for p in report.problems:
-        table.add_row(output.styled(p.severity), escape(p.where), escape(p.message), escape(p.fix))
-    output.show(table)
+        output.show(f"{output.styled(p.severity)}  [bold]{escape(p.where)}[/]\n    {escape(p.message)}\n"
+                    f"    [dim]fix:[/] {escape(p.fix)}")
     errors = sum(p.severity == "error" for p in report.problems)
     warnings = len(report.problems) - errors
     verdict = "[red]invalid[/]" if errors else "[yellow]valid, with warnings[/]"

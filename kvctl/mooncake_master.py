@@ -1,0 +1,487 @@
+"""The Mooncake master: an async admin client for its HTTP port, and a supervised local process.
+
+`MasterAdmin` talks to the master's admin/metrics HTTP port (`--metrics_port`, default 9003):
+`GET /health`, `GET /metrics` (Prometheus text), `GET /get_all_keys` (one key a line) and
+`POST /api/v1/remove_all?force=true` (`{"success": true, "removed_count": N}`). A non-forced
+remove_all leaves every key that holds a read lease (`--default_kv_lease_ttl`, 10 s by default),
+so a hard reset must always force.
+
+`MasterProcess` starts `mooncake_master` bound to loopback on free ports, waits until it serves,
+and stops it (SIGTERM, then SIGKILL after a grace period).
+
+Importing this module never imports mooncake (the master is a separate executable) and defers
+prometheus_client and psutil to the calls that need them: `kvctl reset` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from kvctl.errors import KvctlError
+
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_START_TIMEOUT = 20.0
+DEFAULT_STOP_GRACE = 5.0
+LOOPBACK = "127.0.0.1"
+MASTER_EXECUTABLE = "mooncake_master"
+INSTALL_HINT = ("pip install mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine "
+                "(CUDA), plus the system libraries: apt-get install -y libibverbs1 libnuma1 libcurl4")
+_ADMIN_HINT = ("check that the address is the master's admin/metrics port (mooncake_master "
+               "--metrics_port, default 9003; not its RPC port 50051) and that the master is running")
+
+
+class MasterError(KvctlError):
+    """The Mooncake master could not be reached, started, stopped, or answered something unusable."""
+
+
+# --------------------------------------------------------------------------------------------
+# Admin client
+
+
+@dataclass(frozen=True)
+class MasterMetrics:
+    """The few master gauges and counters kvctl reads (from `GET /metrics`).
+
+    Fields other than key_count are None when this master version does not export them.
+    """
+
+    key_count: int
+    allocated_bytes: int | None
+    total_capacity_bytes: int | None
+    active_clients: int | None
+    remove_all_requests_total: int | None
+
+
+_METRIC_FIELDS = {
+    "key_count": "master_key_count",
+    "allocated_bytes": "master_allocated_bytes",
+    "total_capacity_bytes": "master_total_capacity_bytes",
+    "active_clients": "master_active_clients",
+    "remove_all_requests_total": "master_remove_all_requests_total",
+}
+
+
+def admin_base_url(address: str) -> str:
+    """`host:port`, `[v6]:port` or a URL -> `http://host:port` (no trailing slash)."""
+    address = address.strip()
+    if not address:
+        raise MasterError("empty Mooncake master address",
+                          "pass the master's admin address as host:port, e.g. 127.0.0.1:9003")
+    if "://" not in address:
+        address = f"http://{address}"
+    return address.rstrip("/")
+
+
+def parse_metrics(text: str) -> MasterMetrics:
+    """Parse the master's Prometheus exposition into MasterMetrics (raises ValueError)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.labels:  # sample names keep their _total suffix; family names drop it
+                values[sample.name] = sample.value
+    if _METRIC_FIELDS["key_count"] not in values:
+        raise ValueError("no master_key_count sample")
+    return MasterMetrics(**{field: (int(values[name]) if name in values else None)
+                            for field, name in _METRIC_FIELDS.items()})
+
+
+class MasterAdmin:
+    """Async client for a Mooncake master's admin/metrics HTTP port.
+
+    `address` is `host:port` of that port (or a URL). Pass `client` to share an
+    httpx.AsyncClient (then it is not closed by `aclose`). Every failure raises MasterError.
+    """
+
+    def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT,
+                 client: httpx.AsyncClient | None = None) -> None:
+        self.base_url = admin_base_url(address)
+        self.timeout = timeout
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._owns_client = client is None
+
+    def __repr__(self) -> str:
+        return f"MasterAdmin({self.base_url!r})"
+
+    async def __aenter__(self) -> MasterAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    def _error(self, what: str, hint: str | None = _ADMIN_HINT) -> MasterError:
+        return MasterError(f"Mooncake master at {self.base_url}: {what}", hint)
+
+    async def _request(self, method: str, path: str, **params: Any) -> httpx.Response:
+        url = f"{self.base_url}{path}"
+        try:
+            response = await self._client.request(method, url, params=params or None,
+                                                  timeout=self.timeout)
+        except httpx.TimeoutException as exc:
+            raise self._error(f"{method} {path}: no answer within {self.timeout:g}s "
+                              f"({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:
+            detail = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            raise self._error(f"{method} {path}: {detail}") from None
+        return response
+
+    def _check_status(self, response: httpx.Response, method: str, path: str,
+                      hint: str | None = _ADMIN_HINT) -> None:
+        if response.status_code != 200:
+            raise self._error(f"{method} {path}: HTTP {response.status_code}: "
+                              f"{response.text[:200]!r}", hint)
+
+    def _json(self, response: httpx.Response, method: str, path: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise self._error(f"{method} {path}: answer is not JSON: {response.text[:200]!r}") from None
+
+    async def health(self) -> dict[str, Any]:
+        """GET /health -> e.g. {"status": "ok", "role": "leader", "service_ready": true, ...}.
+
+        Raises MasterError unless the master says it is ok and ready to serve.
+        """
+        response = await self._request("GET", "/health")
+        self._check_status(response, "GET", "/health")
+        payload = self._json(response, "GET", "/health")
+        if not isinstance(payload, dict) or payload.get("status") != "ok" \
+                or payload.get("service_ready") is False:
+            raise self._error(f"GET /health: not ready: {payload!r}",
+                              "wait for the master to finish starting (or, with HA, point at the leader)")
+        return payload
+
+    async def metrics(self) -> MasterMetrics:
+        """GET /metrics, parsed with prometheus_client."""
+        response = await self._request("GET", "/metrics")
+        self._check_status(response, "GET", "/metrics")
+        try:
+            return parse_metrics(response.text)
+        except ValueError as exc:
+            raise self._error(f"GET /metrics: unusable Prometheus text ({exc})") from None
+
+    async def all_keys(self) -> list[str]:
+        """GET /get_all_keys: every key the master holds (one per line in the answer)."""
+        response = await self._request("GET", "/get_all_keys")
+        self._check_status(response, "GET", "/get_all_keys")
+        return [line.rstrip("\r") for line in response.text.split("\n") if line.rstrip("\r")]
+
+    async def key_count(self, prefix: str | None = None) -> int:
+        """Keys in the master, or only those whose name starts with `prefix`.
+
+        Counted from /get_all_keys (exact at the time of the call, unlike a gauge).
+        """
+        keys = await self.all_keys()
+        if prefix is None:
+            return len(keys)
+        return sum(1 for key in keys if key.startswith(prefix))
+
+    async def remove_all(self, force: bool = True) -> int:
+        """POST /api/v1/remove_all?force=... -> the number of keys removed.
+
+        Master-wide: every deployment sharing this master loses its keys. Without force, keys
+        under a read lease survive, so a hard reset must keep force=True.
+        """
+        path = "/api/v1/remove_all"
+        response = await self._request("POST", path, force="true" if force else "false")
+        if response.status_code == 404:
+            raise self._error(f"POST {path}: HTTP 404: this master has no HTTP remove_all",
+                              "upgrade mooncake_master, or clear the store with the Python "
+                              "client's MooncakeDistributedStore.remove_all(force=True)")
+        self._check_status(response, "POST", path)
+        payload = self._json(response, "POST", path)
+        if not isinstance(payload, dict) or payload.get("success") is not True:
+            code = payload.get("error_code") if isinstance(payload, dict) else None
+            message = payload.get("error_message") if isinstance(payload, dict) else None
+            raise self._error(f"POST {path}: the master refused: error_code={code} "
+                              f"error_message={message!r} (answer {payload!r})",
+                              "check the master log; retry the reset")
+        removed = payload.get("removed_count")
+        if not isinstance(removed, int) or isinstance(removed, bool):
+            raise self._error(f"POST {path}: answer has no integer removed_count: {payload!r}")
+        return removed
+
+
+# --------------------------------------------------------------------------------------------
+# Local process
+
+
+def find_master_executable() -> str:
+    """The `mooncake_master` next to sys.executable (same venv), else the one on PATH."""
+    beside = Path(sys.executable).parent / MASTER_EXECUTABLE
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    on_path = shutil.which(MASTER_EXECUTABLE)
+    if on_path:
+        return on_path
+    raise MasterError(f"{MASTER_EXECUTABLE} not found next to {sys.executable} nor on PATH",
+                      INSTALL_HINT + " (or pass the executable path)")
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on `host` right now (bind port 0, read it, release it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR: ignore TIME_WAIT leftovers, fail only on a live listener.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _tail(path: Path, lines: int = 20, max_chars: int = 4000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    # The master prints a very long settings line and periodic metric summaries; keep them short.
+    kept = [line if len(line) <= 300 else line[:300] + " ..." for line in text.splitlines()[-lines:]]
+    return "\n".join(kept)[-max_chars:]
+
+
+def _listening_ports(pid: int) -> set[int] | None:
+    """TCP ports `pid` listens on; None when this cannot be read (then the caller trusts /health)."""
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        conns = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") \
+            else proc.connections(kind="tcp")
+    except Exception:  # noqa: BLE001 - psutil missing, AccessDenied, NoSuchProcess: no answer
+        return None
+    return {c.laddr.port for c in conns if c.status == "LISTEN" and c.laddr}
+
+
+def _process_start_time(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class MasterProcess:
+    """A `mooncake_master` this process starts and stops.
+
+    Binds the RPC and admin/metrics servers to `host` (loopback by default; the master itself
+    defaults to 0.0.0.0). Ports left as None are chosen free (and re-chosen if another process
+    takes them before the master binds). The master's output goes to `log_path` (a temporary
+    file if None). Use `start()`/`stop()` or `with MasterProcess(...) as master:`.
+    """
+
+    def __init__(self, *, host: str = LOOPBACK, rpc_port: int | None = None,
+                 metrics_port: int | None = None, log_path: str | os.PathLike[str] | None = None,
+                 default_kv_lease_ttl: str | int | None = None, extra_args: Sequence[str] = (),
+                 executable: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.host = host
+        self.rpc_port = rpc_port
+        self.metrics_port = metrics_port
+        self._fixed_ports = rpc_port is not None or metrics_port is not None
+        self.default_kv_lease_ttl = default_kv_lease_ttl
+        self.extra_args = list(extra_args)
+        self.executable = executable
+        self.env = env
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="mooncake_master-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        self.log_path = Path(log_path)
+        self.pid: int | None = None
+        self.start_time: float | None = None  # the process's creation time (epoch s), vs pid reuse
+        self.ready_seconds: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    # -- addresses
+    @property
+    def rpc_address(self) -> str:
+        """`host:port` for clients (mooncake.json `master_server_address`)."""
+        return _join_host_port(self.host, self._require(self.rpc_port))
+
+    @property
+    def admin_address(self) -> str:
+        """`host:port` of the admin/metrics HTTP port (for MasterAdmin)."""
+        return _join_host_port(self.host, self._require(self.metrics_port))
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.admin_address}"
+
+    @staticmethod
+    def _require(port: int | None) -> int:
+        if port is None:
+            raise MasterError("the master has no port yet", "start() it first")
+        return port
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        executable = self.executable or find_master_executable()
+        args = [executable,
+                f"--rpc_address={self.host}", f"--rpc_port={self._require(self.rpc_port)}",
+                f"--metrics_host={self.host}", f"--metrics_port={self._require(self.metrics_port)}",
+                "--logtostderr"]
+        if self.default_kv_lease_ttl is not None:
+            args.append(f"--default_kv_lease_ttl={self.default_kv_lease_ttl}")
+        return args + self.extra_args
+
+    def info(self) -> dict[str, Any]:
+        """What a run record needs to find (and safely stop) this master later."""
+        return {"pid": self.pid, "start_time": self.start_time, "host": self.host,
+                "rpc_port": self.rpc_port, "metrics_port": self.metrics_port,
+                "log": str(self.log_path), "command": self.command() if self.rpc_port else None}
+
+    # -- lifecycle
+    def __enter__(self) -> MasterProcess:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT, attempts: int = 3) -> MasterProcess:
+        """Launch and wait until GET /health answers ok and the RPC port is ours.
+
+        Raises MasterError (with the tail of the master's log) if it exits early or is not
+        ready within `timeout` seconds.
+        """
+        if self.running:
+            return self
+        attempts = 1 if self._fixed_ports else max(1, attempts)
+        for attempt in range(1, attempts + 1):
+            if not self._fixed_ports:
+                self.rpc_port = free_port(self.host)
+                self.metrics_port = free_port(self.host)
+                while self.metrics_port == self.rpc_port:
+                    self.metrics_port = free_port(self.host)
+            try:
+                self._launch()
+                self._wait_ready(timeout)
+                return self
+            except MasterError:
+                self.stop()
+                # Another process took a self-chosen port between our check and the bind: retry.
+                if attempt == attempts or not self._busy_ports():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
+        command = self.command()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        try:
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
+                                          stderr=subprocess.STDOUT, env=self.env,
+                                          start_new_session=True)
+        except OSError as exc:
+            self._log.close()
+            self._log = None
+            raise MasterError(f"cannot run {command[0]}: {exc}", INSTALL_HINT) from None
+        self.pid = self._proc.pid
+        self.start_time = _process_start_time(self.pid)
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self._proc is not None
+        began = time.monotonic()
+        deadline = began + timeout
+        url = f"{self.admin_url}/health"
+        with httpx.Client(timeout=0.5) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    busy = self._busy_ports()
+                    # The master logs nothing when its RPC port is taken: say it here.
+                    note = "".join(f"; port {p} is in use by another process" for p in busy)
+                    raise MasterError(
+                        f"mooncake_master exited with code {code} while starting "
+                        f"(rpc {self.rpc_address}, admin {self.admin_address}{note}); log "
+                        f"{self.log_path}:\n{_tail(self.log_path)}",
+                        ("choose free ports (or leave them unset to pick free ones)" if busy else
+                         "read the log above: a bad flag or missing libraries (" + INSTALL_HINT + ")"))
+                try:
+                    response = client.get(url)
+                    healthy = response.status_code == 200 and response.json().get("status") == "ok"
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    healthy = False
+                if healthy:
+                    # /health can answer while the RPC server is still binding (and failing):
+                    # ready only once the RPC port is ours too.
+                    ports = _listening_ports(self._proc.pid)
+                    if ports is None or self.rpc_port in ports:
+                        self.ready_seconds = time.monotonic() - began
+                        return
+                if time.monotonic() >= deadline:
+                    raise MasterError(
+                        f"mooncake_master (pid {self._proc.pid}) not ready within {timeout:g}s "
+                        f"({url}); log {self.log_path}:\n{_tail(self.log_path)}",
+                        "read the log above; raise the start timeout on a slow machine")
+                time.sleep(0.05)
+
+    def _busy_ports(self) -> list[int]:
+        """Our ports that another process holds (meaningful once our master has exited)."""
+        ports = [p for p in (self.rpc_port, self.metrics_port) if p is not None]
+        return [p for p in ports if _port_in_use(self.host, p)]
+
+    def stop(self, grace: float = DEFAULT_STOP_GRACE) -> int | None:
+        """SIGTERM, then SIGKILL after `grace` seconds. Returns the exit code. Idempotent."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                try:
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    raise MasterError(f"mooncake_master (pid {proc.pid}) survived SIGKILL",
+                                      f"check the process with: ps -o pid,stat,cmd -p {proc.pid}") from None
+            except ProcessLookupError:
+                pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return None if proc is None else proc.poll()
+
+
+def start_master(*, timeout: float = DEFAULT_START_TIMEOUT, **kwargs: Any) -> MasterProcess:
+    """Start a MasterProcess (keyword arguments as for MasterProcess) and wait until it serves."""
+    return MasterProcess(**kwargs).start(timeout=timeout)

@@ -1,6 +1,24 @@
 """kvctl: configure, start, check and hard-reset vLLM servers that offload KV cache to Mooncake.
 
-Importing kvctl is cheap: no vllm, torch, mooncake, typer or rich.
+Importing kvctl is cheap: no vllm, torch, mooncake, typer or rich. The Python API
+(`kvctl.hard_reset`, `kvctl.hard_reset_async`, `kvctl.ResetFailed`) loads on first use.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+_API = ("hard_reset", "hard_reset_async", "ResetFailed")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from kvctl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'kvctl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -1,26 +1,66 @@
-"""Async HTTP client for a vLLM OpenAI-compatible server (only what kvctl reads or calls)."""
+"""Async HTTP client for a vLLM OpenAI-compatible server: the routes kvctl reads or calls.
+
+Each call returns a `CallOutcome` instead of raising on HTTP or transport errors, so a fleet
+operation can report every replica's result. Refused connections, timeouts and 5xx answers are
+retried with exponential backoff (tenacity); 4xx answers are final. Request parameters and
+response shapes follow the server's version, from the capability table.
+"""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from packaging.version import Version
 
+from kvctl.capabilities import table
 from kvctl.errors import KvctlError
 from kvctl.versions import version_from_server_payload
 
 DEFAULT_TIMEOUT = 10.0
+DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (reset, pause and server_info routes exist only in dev mode)"
 
 
 class ServerError(KvctlError):
     """A vLLM server could not be reached or answered something unusable."""
 
 
+class _Retryable(Exception):
+    """An answer worth retrying (5xx); carries the response for the final report."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+@dataclass
+class CallOutcome:
+    """One HTTP call as kvctl reports it."""
+
+    method: str
+    url: str
+    status: int | None  # None: no HTTP answer (refused, timeout)
+    body: Any  # parsed JSON, else text ('' for an empty body)
+    latency_s: float  # all attempts, backoff included
+    attempts: int
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status is not None and 200 <= self.status < 300
+
+
 class VllmClient:
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT,
+    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, retries: int = 2,
+                 backoff: float = 0.2, api_key: str | None = None,
                  client: httpx.AsyncClient | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self._api_key = api_key
         self._client = client or httpx.AsyncClient(timeout=timeout)
         self._owns_client = client is None
 
@@ -34,29 +74,75 @@ class VllmClient:
         if self._owns_client:
             await self._client.aclose()
 
-    async def _get_json(self, path: str, **params: Any) -> Any:
-        url = f"{self.base_url}{path}"
-        try:
-            response = await self._client.get(url, params=params or None)
-        except httpx.HTTPError as exc:
-            raise ServerError(f"{url}: {type(exc).__name__}: {exc}".rstrip(": "),
-                              "check the URL and that the server is up (kvctl status)") from None
-        if response.status_code == 404 and path == "/server_info":
-            raise ServerError(f"{url}: 404: the server runs without dev mode",
-                              "start it with VLLM_SERVER_DEV_MODE=1, or pass --template/--config")
-        if response.status_code != 200:
-            raise ServerError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
-        try:
-            return response.json()
-        except ValueError:
-            raise ServerError(f"{url}: answer is not JSON: {response.text[:200]!r}") from None
+    # -- transport --------------------------------------------------------------------------
+    async def call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                   json: Any = None, retries: int | None = None) -> CallOutcome:
+        """One request with bounded retries; never raises for HTTP or transport failures."""
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+        url = f"{self.base_url}{path}"
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key and path.startswith("/v1") else None
+        attempts = 0
+        start = time.perf_counter()
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(1 + (self.retries if retries is None else retries)),
+            wait=wait_exponential(multiplier=self.backoff, max=5 * self.backoff + 1),
+            retry=retry_if_exception_type((httpx.TransportError, _Retryable)),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    response = await self._client.request(method, url, params=_query(params), json=json,
+                                                          headers=headers, timeout=self.timeout)
+                    if response.status_code >= 500:
+                        raise _Retryable(response)
+        except _Retryable as exc:
+            response = exc.response
+        except httpx.TransportError as exc:
+            return CallOutcome(method, url, None, None, time.perf_counter() - start, attempts, _describe(exc, self.timeout))
+        outcome = CallOutcome(method, url, response.status_code, _body(response), time.perf_counter() - start, attempts)
+        if not 200 <= response.status_code < 300:
+            outcome.error = _http_error(response, path)
+        return outcome
+
+    async def _get_json(self, path: str, **params: Any) -> Any:
+        outcome = await self.call("GET", path, params=params or None)
+        if not outcome.ok:
+            hint = DEV_MODE_HINT if outcome.status == 404 else "check the URL and that the server is up"
+            raise ServerError(f"{outcome.url}: {outcome.error}", hint)
+        if isinstance(outcome.body, str):
+            raise ServerError(f"{outcome.url}: answer is not JSON: {outcome.body[:200]!r}")
+        return outcome.body
+
+    # -- reads -----------------------------------------------------------------------------
     async def version(self) -> Version:
         """GET /version -> {"version": "0.32.0+cpu"}."""
         return version_from_server_payload(await self._get_json("/version"))
 
+    async def health(self) -> CallOutcome:
+        """GET /health: 200 when the engine is up, 503 when it is dead (no retries)."""
+        return await self.call("GET", "/health", retries=0)
+
+    async def models(self) -> list[str]:
+        data = await self._get_json("/v1/models")
+        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+
+    async def metrics_text(self) -> str:
+        outcome = await self.call("GET", "/metrics")
+        if not outcome.ok:
+            raise ServerError(f"{outcome.url}: {outcome.error}")
+        return outcome.body if isinstance(outcome.body, str) else str(outcome.body)
+
+    async def metrics(self) -> Any:
+        """Parsed /metrics (kvctl.metrics.VllmMetrics)."""
+        from kvctl.metrics import parse_vllm_metrics
+
+        return parse_vllm_metrics(await self.metrics_text())
+
     async def server_info(self) -> dict[str, Any]:
-        """GET /server_info?config_format=json (dev mode, 0.13+): the whole vllm_config."""
+        """GET /server_info?config_format=json (dev mode, 0.13+): {"vllm_config": {...}}."""
         return await self._get_json("/server_info", config_format="json")
 
     async def kv_transfer_config(self) -> dict[str, Any] | None:
@@ -64,4 +150,88 @@ class VllmClient:
         info = await self.server_info()
         config = info.get("vllm_config", info) if isinstance(info, dict) else {}
         ktc = config.get("kv_transfer_config") if isinstance(config, dict) else None
-        return ktc if isinstance(ktc, dict) else None
+        return ktc if isinstance(ktc, dict) and ktc.get("kv_connector") else None
+
+    async def tokenize(self, model: str, prompt: str) -> tuple[int, int | None]:
+        """POST /tokenize -> (token count, max_model_len)."""
+        outcome = await self.call("POST", "/tokenize", json={"model": model, "prompt": prompt})
+        if not outcome.ok or not isinstance(outcome.body, dict):
+            raise ServerError(f"{outcome.url}: {outcome.error or 'unexpected answer'}")
+        return int(outcome.body["count"]), outcome.body.get("max_model_len")
+
+    async def complete(self, model: str, prompt: str, max_tokens: int = 1) -> CallOutcome:
+        """POST /v1/completions, greedy; the answer's usage carries prompt_tokens_details."""
+        return await self.call("POST", "/v1/completions", json={
+            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0})
+
+    # -- dev-mode actions ------------------------------------------------------------------
+    async def reset_prefix_cache(self, version: Version, *, reset_external: bool,
+                                 reset_running_requests: bool = False) -> CallOutcome:
+        params: dict[str, Any] = {}
+        if table().has(version, "http.reset_prefix_cache.reset_external"):
+            params = {"reset_running_requests": reset_running_requests, "reset_external": reset_external}
+        return await self.call("POST", "/reset_prefix_cache", params=params or None)
+
+    async def reset_mm_cache(self) -> CallOutcome:
+        return await self.call("POST", "/reset_mm_cache")
+
+    async def reset_encoder_cache(self) -> CallOutcome:
+        return await self.call("POST", "/reset_encoder_cache")
+
+    async def pause(self, version: Version) -> CallOutcome:
+        """Pause generation, letting in-flight requests finish first (so none fails)."""
+        return await self.call("POST", "/pause", params=pause_params(version) or None)
+
+    async def resume(self) -> CallOutcome:
+        return await self.call("POST", "/resume")
+
+    async def is_paused(self) -> CallOutcome:
+        return await self.call("GET", "/is_paused")
+
+
+def pause_params(version: Version) -> dict[str, Any]:
+    """The version's way to say "wait for in-flight requests, keep the caches" (FACTS §2)."""
+    if table().has(version, "http.pause.mode"):
+        return {"mode": "wait"}
+    if table().has(version, "http.pause.legacy_params"):
+        return {"wait_for_inflight_requests": True, "clear_cache": False}
+    return {}
+
+
+def reset_answer_error(outcome: CallOutcome) -> str | None:
+    """Why a reset call did not succeed, or None. `{"success": false}` is a failure (0.26+)."""
+    if outcome.error:
+        return outcome.error
+    if isinstance(outcome.body, dict) and outcome.body.get("success") is False:
+        return 'the server answered {"success": false}: nothing was reset'
+    return None
+
+
+def _query(params: dict[str, Any] | None) -> dict[str, str] | None:
+    if not params:
+        return None
+    return {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in params.items()}
+
+
+def _body(response: httpx.Response) -> Any:
+    if not response.content:
+        return ""
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+def _http_error(response: httpx.Response, path: str) -> str:
+    if response.status_code == 404 and path not in ("/version", "/health", "/metrics"):
+        return f"HTTP 404 on {path}: the route is missing, dev mode is off ({DEV_MODE_HINT})"
+    text = response.text.strip().replace("\n", " ")
+    return f"HTTP {response.status_code}" + (f": {text[:200]}" if text else "")
+
+
+def _describe(exc: httpx.TransportError, timeout: float) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out after {timeout:g} s ({type(exc).__name__})"
+    if isinstance(exc, httpx.ConnectError):
+        return f"connection refused or unreachable ({exc})" if str(exc) else "connection refused or unreachable"
+    return f"{type(exc).__name__}: {exc}"

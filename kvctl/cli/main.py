@@ -9,6 +9,7 @@ import typer
 
 from kvctl import __version__
 from kvctl.cli import compat, config
+from kvctl.cli.reset import reset
 
 app = typer.Typer(
     name="kvctl",
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(config.app, name="config")
 app.add_typer(compat.app, name="compat")
+app.command("reset")(reset)
 
 
 def _version_callback(value: bool) -> None:

@@ -27,3 +27,15 @@ UrlOpt = Annotated[
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", metavar="S", help="Per-request timeout in seconds.")]
 FileArg = Annotated[Path, typer.Argument(metavar="FILE", help="A file or folder to read.", show_default=False)]
+UrlsOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--url", metavar="URL", help="A vLLM replica (repeatable). Default: $KVCTL_URLS."),
+]
+InventoryOpt = Annotated[
+    Optional[Path],
+    typer.Option("--inventory", metavar="FILE", help="YAML: replicas (url, name, api_key_env, connector), master, cache_prefix."),
+]
+MasterOpt = Annotated[
+    Optional[str],
+    typer.Option("--master", metavar="HOST:PORT", help="The Mooncake master's admin/metrics HTTP port (e.g. 127.0.0.1:9003)."),
+]

@@ -1,0 +1,64 @@
+"""The Python API for RL trainers: a hard reset after every weight update, without a subprocess.
+
+    import kvctl
+    receipt = kvctl.hard_reset(urls=["http://127.0.0.1:8000"], master="127.0.0.1:9003", verify=True,
+                               raise_on_failure=True)
+
+Importing kvctl does not import typer, rich, vllm, torch or mooncake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from kvctl.errors import KvctlError
+from kvctl.reset import Receipt, ResetOptions, hard_reset_fleet
+from kvctl.targets import build_fleet
+
+
+class ResetFailed(KvctlError):
+    """The hard reset did not complete (or was not verified) on every replica. `.receipt` says why."""
+
+    def __init__(self, receipt: Receipt) -> None:
+        details = "; ".join(f"{r.name}: {r.error}" for r in receipt.replicas if not r.reset and r.error)
+        super().__init__(receipt.summary + (f" ({details})" if details else ""),
+                         receipt.plan.hint if receipt.plan.error else None)
+        self.exit_code = receipt.exit_code
+        self.receipt = receipt
+
+
+async def hard_reset_async(
+    urls: list[str] | None = None,
+    *,
+    inventory: str | Path | None = None,
+    master: str | None = None,
+    connector: bool = True,
+    mm: bool = True,
+    encoder: bool = True,
+    verify: bool = False,
+    pause: bool = False,
+    dry_run: bool = False,
+    timeout: float = 10.0,
+    retries: int = 2,
+    concurrency: int = 64,
+    raise_on_failure: bool = False,
+) -> Receipt:
+    """Reset every cache of every replica (and the Mooncake store, with connector=True).
+
+    Same targets and options as `kvctl reset`; returns the receipt. With raise_on_failure, a
+    receipt that is not fully ok raises ResetFailed (carrying the receipt).
+    Bad targets raise kvctl.errors.UsageError.
+    """
+    fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, master)
+    options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
+                           dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency)
+    receipt = await hard_reset_fleet(fleet, options)
+    if raise_on_failure and not receipt.ok:
+        raise ResetFailed(receipt)
+    return receipt
+
+
+def hard_reset(urls: list[str] | None = None, **kwargs: object) -> Receipt:
+    """Blocking twin of hard_reset_async (same arguments). Call it from code without a running loop."""
+    return asyncio.run(hard_reset_async(urls, **kwargs))  # type: ignore[arg-type]

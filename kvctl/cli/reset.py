@@ -1,0 +1,162 @@
+"""`kvctl reset`: a verified, version-aware hard reset of a fleet."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+
+from kvctl.cli.errors import handle_errors
+from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, UrlsOpt
+from kvctl.errors import UsageError
+
+OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache", "mm cache"),
+              ("encoder_cache", "encoder cache"), ("resume", "resume"))
+
+
+@handle_errors
+def reset(
+    url: UrlsOpt = None,
+    inventory: InventoryOpt = None,
+    master: MasterOpt = None,
+    connector: Annotated[bool, typer.Option("--connector", help="Also clear the external (Mooncake) store: reset_external=true, and a forced master clear where the connector cannot.")] = False,
+    no_mm: Annotated[bool, typer.Option("--no-mm", help="Skip /reset_mm_cache.")] = False,
+    no_encoder: Annotated[bool, typer.Option("--no-encoder", help="Skip /reset_encoder_cache.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Prove it: master key count 0 and a canary prompt with no cache hit after the reset.")] = False,
+    pause: Annotated[bool, typer.Option("--pause", help="Pause generation first (in-flight requests finish), always resume after.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
+    retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
+    concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Replicas handled at once.")] = 64,
+    json_out: JsonOpt = False,
+) -> None:
+    """Hard-reset every replica: local prefix cache, external store (--connector), mm and encoder caches.
+
+    Plans from each replica's live version; fails before sending anything when the reset could not be complete. Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial (the replicas not reset are named).
+    """
+    from kvctl.reset import ResetOptions, hard_reset_fleet
+    from kvctl.targets import build_fleet
+
+    if timeout <= 0 or retries < 0 or concurrency < 1:
+        raise UsageError("--timeout must be > 0, --retries >= 0 and --concurrency >= 1")
+    fleet = build_fleet(url, inventory, master)
+    options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
+                           pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency)
+    receipt = asyncio.run(hard_reset_fleet(fleet, options))
+    if json_out:
+        from kvctl.cli import output
+
+        output.print_json(receipt.to_dict())
+    else:
+        _print(receipt)
+    raise typer.Exit(receipt.exit_code)
+
+
+def _print(receipt: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    plan = receipt.plan
+    if plan.error:
+        output.err_console().print(f"[bold red]plan failed, nothing was sent:[/] {escape(plan.error)}", soft_wrap=True)
+        if plan.hint:
+            output.err_console().print(f"  [bold]fix:[/] {escape(plan.hint)}", soft_wrap=True)
+        if not plan.error.startswith("no replica could be planned"):
+            _print_unplanned(receipt)
+        return
+    if receipt.dry_run:
+        _print_plan(plan)
+    else:
+        _print_results(receipt)
+    style = "green" if receipt.ok else "red" if receipt.exit_code == 1 else "yellow"
+    output.show(f"[{style}]{escape(receipt.summary)}[/] [dim]({receipt.total_s:.2f} s)[/]")
+
+
+def _print_unplanned(receipt: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    for r in receipt.replicas:
+        if r.error:
+            output.err_console().print(f"  {escape(r.name)}: {escape(r.error)}", soft_wrap=True)
+
+
+def _print_plan(plan: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    table = output.table("replica", "version", "connector", "will send", "skipped", title="plan (dry run)")
+    for r in plan.replicas:
+        if r.error:
+            table.add_row(escape(r.name), r.version or "?", "", f"[red]{escape(r.error)}[/]", "")
+            continue
+        send = [f"{o.op}" + (f" ({', '.join(f'{k}={v}' for k, v in o.params.items())})" if o.params else "")
+                for o in r.ops if not o.skip]
+        skipped = [f"{o.op}: {o.skip}" for o in r.ops if o.skip]
+        table.add_row(escape(r.name), r.version or "?", escape(_layout(r.layout)), escape("\n".join(send)),
+                      escape("\n".join(skipped)))
+    output.show(table)
+    if plan.master_clear:
+        output.show(f"master {escape(plan.master)}: POST /api/v1/remove_all?force=true (master-wide), because "
+                    f"{escape(plan.master_clear_reason or '')}")
+    elif plan.master:
+        output.show(f"master {escape(plan.master)}: no clear needed (vLLM clears the store)")
+
+
+def _print_results(receipt: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    shown = [(k, t) for k, t in OP_COLUMNS if any(o.op == k for r in receipt.replicas for o in r.ops)]
+    cols = ["replica", "version"] + [t for _, t in shown] + (["verify"] if receipt.verify else []) + ["reset"]
+    table = output.table(*cols)
+    for r in receipt.replicas:
+        ops = {o.op: o for o in r.ops}
+        cells = [escape(r.name), r.version or "?"] + [_op_cell(ops.get(k)) for k, _ in shown]
+        if receipt.verify:
+            cells.append(_canary_cell(r.canary))
+        cells.append("[green]yes[/]" if r.reset else "[bold red]NO[/]")
+        table.add_row(*cells)
+    output.show(table)
+    m = receipt.master
+    if m is not None and (m.clear or m.keys_after is not None):
+        parts = []
+        if m.clear:
+            parts.append(f"clear {_op_cell(m.clear)}" + (f", {m.removed_count} key(s) removed" if m.removed_count is not None else ""))
+        if m.keys_after is not None:
+            scope = f" under '{m.cache_prefix}'" if m.cache_prefix else ""
+            parts.append(f"keys after{scope}: {m.keys_after}")
+        output.show(f"master {escape(m.address)}: " + "; ".join(parts))
+    for r in receipt.replicas:
+        if r.error:
+            output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")
+    if m is not None and m.error:
+        output.show(f"[red]master[/]: {escape(m.error)}")
+
+
+def _op_cell(op: Any) -> str:
+    if op is None:
+        return ""
+    if op.result == "ok":
+        retry = f" ({op.attempts} tries)" if op.attempts > 1 else ""
+        return f"[green]ok[/] {op.latency_s * 1000:.0f} ms{retry}"
+    if op.result == "skipped":
+        return "[dim]skipped[/]"
+    return f"[bold red]FAILED[/] {op.http_status or ''}".rstrip()
+
+
+def _canary_cell(canary: Any) -> str:
+    if canary is None:
+        return "[dim]-[/]"
+    if canary.ok:
+        return f"[green]0 hits[/] [dim]({canary.signal})[/]"
+    return "[bold red]FAILED[/]"
+
+
+def _layout(layout: list[str] | None) -> str:
+    return "unknown" if layout is None else ", ".join(layout) or "none"

@@ -1,0 +1,593 @@
+"""A verified, version-aware hard reset of a vLLM fleet that offloads KV cache to Mooncake.
+
+Three steps, each usable alone:
+- `plan_reset()` reads each replica's version (and connector) and decides, from the capability
+  table, which calls each replica gets and whether kvctl must clear the Mooncake master itself;
+  it fails before anything is sent when the reset cannot be complete.
+- `execute_plan()` primes the canaries (with --verify), pauses (with --pause), resets every replica
+  at once (bounded), clears the master where needed, always resumes, then verifies.
+- The `Receipt` says, per replica and operation, what happened; a replica counts as reset only
+  when every step for it succeeded (and, when asked, was verified).
+
+Nothing here prints: the CLI and the Python API (kvctl.api) render the receipt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import httpx
+from packaging.version import Version
+
+from kvctl.capabilities import table
+from kvctl.compat import layout_of
+from kvctl.targets import Fleet, Replica
+from kvctl.vllm_client import CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+Result = Literal["ok", "failed", "skipped"]
+
+
+@dataclass
+class ResetOptions:
+    connector: bool = False  # also clear the external store (reset_external / master clear)
+    mm: bool = True
+    encoder: bool = True
+    verify: bool = False
+    pause: bool = False
+    dry_run: bool = False
+    timeout: float = 10.0
+    retries: int = 2
+    concurrency: int = 64
+
+
+# -- plan ---------------------------------------------------------------------------------
+@dataclass
+class PlannedOp:
+    op: str  # prefix_cache | mm_cache | encoder_cache | pause | resume
+    params: dict[str, Any] = field(default_factory=dict)
+    skip: str | None = None  # why it is not sent
+
+
+@dataclass
+class ReplicaPlan:
+    name: str
+    url: str
+    version: str | None = None
+    layout: list[str] | None = None  # connectors; None = unknown
+    layout_source: str | None = None
+    ops: list[PlannedOp] = field(default_factory=list)
+    store_cleared_by_vllm: bool | None = None  # None: no store to clear
+    error: str | None = None  # could not be planned (unreachable, dev mode off, ...)
+
+    @property
+    def has_store(self) -> bool:
+        return self.store_cleared_by_vllm is not None
+
+
+@dataclass
+class Plan:
+    options: ResetOptions
+    replicas: list[ReplicaPlan]
+    master: str | None
+    cache_prefix: str | None
+    master_clear: bool = False
+    master_clear_reason: str | None = None
+    error: str | None = None  # the whole plan failed: nothing will be sent
+    hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["options"] = asdict(self.options)
+        return data
+
+
+async def plan_reset(fleet: Fleet, options: ResetOptions, http: httpx.AsyncClient | None = None) -> Plan:
+    """Read every replica (version, connector) and decide what to send; sends no reset."""
+    sem = asyncio.Semaphore(max(1, options.concurrency))
+    async with _shared_http(options, http) as shared:
+
+        async def one(replica: Replica) -> ReplicaPlan:
+            async with sem:
+                return await _plan_replica(replica, options, shared)
+
+        replicas = await asyncio.gather(*(one(r) for r in fleet.replicas))
+    plan = Plan(options, list(replicas), fleet.master, fleet.cache_prefix)
+    _plan_master(plan)
+    return plan
+
+
+async def _plan_replica(replica: Replica, options: ResetOptions, http: httpx.AsyncClient) -> ReplicaPlan:
+    rp = ReplicaPlan(replica.name, replica.url)
+    async with _client(replica, options, http) as client:
+        try:
+            version = await client.version()
+        except ServerError as exc:
+            rp.error = f"cannot read its version: {exc.message}"
+            return rp
+        rp.version = str(version)
+        if options.connector or options.verify:
+            await _learn_layout(client, replica, version, rp)
+    if rp.error is None:
+        rp.ops = _replica_ops(version, rp, options)
+    return rp
+
+
+async def _learn_layout(client: VllmClient, replica: Replica, version: Version, rp: ReplicaPlan) -> None:
+    """Which connector the replica runs: the inventory's word, else the server's /server_info."""
+    if replica.connector:
+        rp.layout, rp.layout_source = [replica.connector], "inventory"
+    elif table().has(version, "http.server_info"):
+        try:
+            rp.layout = layout_of(await client.kv_transfer_config())
+            rp.layout_source = "server_info"
+        except ServerError as exc:
+            rp.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
+            return
+    else:
+        rp.layout_source = "unknown (no /server_info before 0.13.0)"
+    rp.store_cleared_by_vllm = _vllm_clears_store(version, rp.layout)
+
+
+def _vllm_clears_store(version: Version, layout: list[str] | None) -> bool | None:
+    """True: vLLM's connector reset clears the external store; False: it does not (or unknown);
+    None: the replica keeps no external store (no connector, or P2P transfer only)."""
+    t = table()
+    if layout is None:
+        return False
+    leaves = [n for n in layout if n != "MultiConnector"]
+    stores = [n for n in leaves if (t.connector(n) is None or t.connector(n).store != "none")]
+    if not stores:
+        return None
+    if not t.has(version, "http.reset_prefix_cache.reset_external"):
+        return False
+    return all(t.connector_resets_store(version, n) == "yes" for n in stores)
+
+
+def _replica_ops(version: Version, rp: ReplicaPlan, options: ResetOptions) -> list[PlannedOp]:
+    t = table()
+    ops: list[PlannedOp] = []
+    if options.pause:
+        ops.append(_gated(version, "pause", "http.pause", pause_params(version)))
+    params: dict[str, Any] = {}
+    if t.has(version, "http.reset_prefix_cache.reset_external"):
+        external = bool(options.connector and rp.layout != [])
+        params = {"reset_running_requests": False, "reset_external": external}
+    ops.append(PlannedOp("prefix_cache", params))
+    if options.mm:
+        ops.append(_gated(version, "mm_cache", "http.reset_mm_cache"))
+    else:
+        ops.append(PlannedOp("mm_cache", skip="--no-mm"))
+    if options.encoder:
+        ops.append(_gated(version, "encoder_cache", "http.reset_encoder_cache"))
+    else:
+        ops.append(PlannedOp("encoder_cache", skip="--no-encoder"))
+    if options.pause:
+        ops.append(_gated(version, "resume", "http.pause"))
+    return ops
+
+
+def _gated(version: Version, op: str, capability: str, params: dict[str, Any] | None = None) -> PlannedOp:
+    t = table()
+    if t.has(version, capability):
+        return PlannedOp(op, params or {})
+    return PlannedOp(op, skip=f"not in vLLM {version} (first in {t.capability(capability).span.since})")
+
+
+def _plan_master(plan: Plan) -> None:
+    """Add the forced master clear where vLLM cannot clear the store; fail if it is needed but unknown."""
+    planned = [r for r in plan.replicas if r.error is None]
+    if not planned:
+        plan.error = "no replica could be planned: " + "; ".join(f"{r.name}: {r.error}" for r in plan.replicas)
+        plan.hint = "check the URLs and that the servers are up (and run with VLLM_SERVER_DEV_MODE=1)"
+        return
+    if plan.options.connector:
+        _plan_master_clear(plan, planned)
+    if plan.error is None and plan.options.verify and plan.master is None \
+            and any(r.has_store or r.layout is None for r in planned):
+        plan.error = "--verify needs the Mooncake master to count its keys, and no master is known"
+        plan.hint = "pass --master HOST:PORT (the master's admin/metrics port) or put master: in the inventory"
+
+
+def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
+    t = table()
+    unreachable_stores = []
+    for r in planned:
+        for name in (r.layout or []):
+            conn = t.connector(name)
+            if conn is not None and conn.store == "other" and r.store_cleared_by_vllm is False:
+                unreachable_stores.append(f"{r.name} ({name} on vLLM {r.version})")
+    if unreachable_stores:
+        plan.error = ("the connector reset clears nothing on " + ", ".join(unreachable_stores)
+                      + ", and that store is not a Mooncake master kvctl can clear")
+        plan.hint = "upgrade vLLM (see: kvctl compat check), or clear that store out of band"
+        return
+    needs = [r for r in planned if r.store_cleared_by_vllm is False]
+    if not needs:
+        return
+    why = "; ".join(_why_master(r) for r in needs)
+    if plan.master is None:
+        plan.error = f"the external store would not be cleared: {why}; and no Mooncake master is known"
+        plan.hint = ("pass --master HOST:PORT (the master's admin/metrics port, e.g. 127.0.0.1:9003) so kvctl "
+                     "clears it directly, or upgrade vLLM to >= "
+                     f"{t.connector('MooncakeStoreConnector').reset.since}")  # type: ignore[union-attr]
+        return
+    plan.master_clear = True
+    plan.master_clear_reason = why
+
+
+def _why_master(r: ReplicaPlan) -> str:
+    if r.layout is None:
+        return f"{r.name}: its connector is unknown ({r.layout_source})"
+    names = ", ".join(n for n in r.layout if n != "MultiConnector")
+    return f"{r.name}: {names} on vLLM {r.version} does not clear the store"
+
+
+# -- receipt ------------------------------------------------------------------------------
+@dataclass
+class OpResult:
+    op: str
+    result: Result
+    http_status: int | None = None
+    latency_s: float | None = None
+    attempts: int = 0
+    error: str | None = None
+    detail: str | None = None
+
+
+@dataclass
+class CanaryCheck:
+    ok: bool
+    signal: str  # "cached_tokens" (per request) or "metrics" (counter deltas)
+    prompt_tokens: int | None = None
+    primed_cached_tokens: float | None = None  # the hit before the reset (proves the signal works)
+    cached_tokens: float | None = None  # after the reset (must be 0)
+    local_hits: float | None = None
+    external_hits: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class ReplicaReceipt:
+    name: str
+    url: str
+    version: str | None
+    connector: list[str] | None
+    ops: list[OpResult] = field(default_factory=list)
+    canary: CanaryCheck | None = None
+    reset: bool = False  # every step confirmed
+    error: str | None = None
+
+
+@dataclass
+class MasterReceipt:
+    address: str
+    clear: OpResult | None = None
+    removed_count: int | None = None
+    keys_after: int | None = None  # of this deployment (cache_prefix) when one is set
+    cache_prefix: str | None = None
+    verified: bool | None = None
+    error: str | None = None
+
+
+@dataclass
+class Receipt:
+    exit_code: int
+    summary: str
+    dry_run: bool
+    verify: bool
+    replicas: list[ReplicaReceipt]
+    master: MasterReceipt | None
+    plan: Plan
+    total_s: float
+    not_reset: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["plan"] = self.plan.to_dict()
+        data["ok"] = self.ok
+        return data
+
+
+# -- execute ------------------------------------------------------------------------------
+async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
+    """Plan, then (unless dry-run or the plan failed) execute and verify."""
+    start = time.perf_counter()
+    async with _shared_http(options) as http:
+        plan = await plan_reset(fleet, options, http)
+        if plan.error or options.dry_run:
+            return _receipt_without_execution(plan, fleet, time.perf_counter() - start)
+        return await execute_plan(plan, fleet, start, http)
+
+
+def _receipt_without_execution(plan: Plan, fleet: Fleet, elapsed: float) -> Receipt:
+    replicas = [ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas]
+    master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix) if plan.master else None
+    if plan.error:
+        summary = f"plan failed, nothing was sent: {plan.error}"
+        return Receipt(EXIT_FAILED, summary, plan.options.dry_run, plan.options.verify, replicas, master, plan,
+                       elapsed, [r.name for r in plan.replicas])
+    summary = f"dry run: {len(plan.replicas)} replica(s) planned, nothing was sent"
+    unplanned = [r.name for r in plan.replicas if r.error]
+    code = EXIT_OK if not unplanned else EXIT_PARTIAL
+    return Receipt(code, summary, True, plan.options.verify, replicas, master, plan, elapsed, unplanned)
+
+
+async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
+                       http: httpx.AsyncClient | None = None) -> Receipt:
+    async with _shared_http(plan.options, http) as shared:
+        return await _execute(plan, fleet, time.perf_counter() if start is None else start, shared)
+
+
+async def _execute(plan: Plan, fleet: Fleet, start: float, http: httpx.AsyncClient) -> Receipt:
+    opts = plan.options
+    by_name = {r.name: r for r in fleet.replicas}
+    receipts = {r.name: ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas}
+    live = [r for r in plan.replicas if r.error is None]
+    master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix) if plan.master else None
+    sem = asyncio.Semaphore(max(1, opts.concurrency))
+    canaries: dict[str, _Canary] = {}
+
+    async def each(func: Callable[[ReplicaPlan], Awaitable[None]]) -> None:
+        async def guarded(rp: ReplicaPlan) -> None:
+            async with sem:
+                await func(rp)
+        await asyncio.gather(*(guarded(rp) for rp in live))
+
+    async def prime(rp: ReplicaPlan) -> None:
+        async with _client(by_name[rp.name], opts, http) as client:
+            canaries[rp.name] = await _Canary.prime(client, rp, opts)
+
+    async def run_phase(rp: ReplicaPlan, names: tuple[str, ...]) -> None:
+        async with _client(by_name[rp.name], opts, http) as client:
+            for op in rp.ops:
+                if op.op in names:
+                    receipts[rp.name].ops.append(await _run_op(client, rp, op))
+
+    if opts.verify:
+        await each(prime)
+    try:
+        if opts.pause:
+            await each(lambda rp: run_phase(rp, ("pause",)))
+        await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
+        if master is not None and plan.master_clear:
+            await _clear_master(master, opts)
+        if master is not None and opts.verify:
+            await _count_master_keys(master, opts)
+    finally:
+        if opts.pause:
+            await asyncio.shield(each(lambda rp: run_phase(rp, ("resume",))))
+    if opts.verify:
+        async def check(rp: ReplicaPlan) -> None:
+            canary = canaries.get(rp.name)
+            if canary is not None:
+                async with _client(by_name[rp.name], opts, http) as client:
+                    receipts[rp.name].canary = await canary.check(client)
+        await each(check)
+    return _conclude(plan, list(receipts.values()), master, time.perf_counter() - start)
+
+
+async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp) -> OpResult:
+    if op.skip:
+        return OpResult(op.op, "skipped", detail=op.skip)
+    version = Version(rp.version or "0")
+    calls: dict[str, Callable[[], Awaitable[CallOutcome]]] = {
+        "pause": lambda: client.pause(version),
+        "resume": client.resume,
+        "prefix_cache": lambda: client.reset_prefix_cache(version, **op.params) if op.params
+        else client.call("POST", "/reset_prefix_cache"),
+        "mm_cache": client.reset_mm_cache,
+        "encoder_cache": client.reset_encoder_cache,
+    }
+    outcome = await calls[op.op]()
+    error = reset_answer_error(outcome)
+    detail = ", ".join(f"{k}={v}" for k, v in op.params.items()) or None
+    return OpResult(op.op, "failed" if error else "ok", outcome.status, round(outcome.latency_s, 6),
+                    outcome.attempts, error, detail)
+
+
+async def _clear_master(master: MasterReceipt, opts: ResetOptions) -> None:
+    from kvctl.mooncake_master import MasterAdmin, MasterError
+
+    started = time.perf_counter()
+    async with MasterAdmin(master.address, timeout=opts.timeout) as admin:
+        try:
+            master.removed_count = await admin.remove_all(force=True)
+            master.clear = OpResult("master_clear", "ok", 200, round(time.perf_counter() - started, 6), 1,
+                                    detail="POST /api/v1/remove_all?force=true")
+        except MasterError as exc:
+            master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1,
+                                    error=exc.message)
+            master.error = exc.message
+
+
+async def _count_master_keys(master: MasterReceipt, opts: ResetOptions) -> None:
+    from kvctl.mooncake_master import MasterAdmin, MasterError
+
+    async with MasterAdmin(master.address, timeout=opts.timeout) as admin:
+        try:
+            master.keys_after = await admin.key_count(master.cache_prefix)
+        except MasterError as exc:
+            master.error = master.error or exc.message
+            master.verified = False
+            return
+    master.verified = master.keys_after == 0
+    if not master.verified:
+        scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"
+        master.error = master.error or (f"{master.keys_after} key(s) remain on the master {scope} after the reset"
+                                        + ("" if opts.pause else " (traffic during the reset writes new ones: use --pause)"))
+
+
+def _conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt | None, elapsed: float) -> Receipt:
+    opts = plan.options
+    master_ok = True
+    if plan.master_clear:
+        master_ok = master is not None and master.clear is not None and master.clear.result == "ok"
+    if opts.verify and master is not None:
+        master_ok = master_ok and master.verified is True
+    plans = {r.name: r for r in plan.replicas}
+    for rr in replicas:
+        rp = plans[rr.name]
+        failed = [o for o in rr.ops if o.result == "failed"]
+        needs_master = plan.master_clear and (rp.store_cleared_by_vllm is False)
+        canary_ok = rr.canary.ok if rr.canary is not None else not opts.verify
+        store_ok = master_ok if (needs_master or (opts.verify and master is not None)) else True
+        rr.reset = rr.error is None and not failed and canary_ok and store_ok
+        if rr.error is None and not rr.reset:
+            rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master)
+    not_reset = [r.name for r in replicas if not r.reset]
+    done = len(replicas) - len(not_reset)
+    if not not_reset:
+        code = EXIT_OK
+        summary = f"{done}/{len(replicas)} replica(s) hard-reset" + (" and verified" if opts.verify else "")
+    else:
+        code = EXIT_FAILED if done == 0 else EXIT_PARTIAL
+        summary = (f"{done}/{len(replicas)} replica(s) reset" + (" and verified" if opts.verify else "")
+                   + f"; NOT reset: {', '.join(not_reset)}")
+    return Receipt(code, summary, False, opts.verify, replicas, master, plan, round(elapsed, 6), not_reset)
+
+
+def _replica_error(failed: list[OpResult], canary: CanaryCheck | None, verify: bool, store_ok: bool,
+                   master: MasterReceipt | None) -> str:
+    if failed:
+        return "; ".join(f"{o.op}: {o.error}" for o in failed)
+    if verify and (canary is None or not canary.ok):
+        return f"verification failed: {canary.error if canary else 'no canary result'}"
+    if not store_ok:
+        return f"the Mooncake store was not confirmed clear: {master.error if master else 'no master'}"
+    return "not confirmed"
+
+
+# -- canary -------------------------------------------------------------------------------
+FALLBACK_BLOCK_SIZE = 128  # vLLM's CPU default; GPU builds default to 16 (a longer canary is fine)
+
+
+@dataclass
+class _Canary:
+    """A prompt longer than one KV block, cached on its replica before the reset.
+
+    After a hard reset it must show no cached tokens: per request through
+    usage.prompt_tokens_details.cached_tokens (local + external hits; needs the server flag
+    --enable-prompt-tokens-details), else through the replica's hit-counter deltas.
+    """
+
+    model: str
+    prompt: str
+    prompt_tokens: int | None
+    signal: str
+    primed: float | None
+    error: str | None = None
+
+    @classmethod
+    async def prime(cls, client: VllmClient, rp: ReplicaPlan, opts: ResetOptions) -> _Canary:
+        try:
+            model = (await client.models())[0]
+            metrics = await client.metrics()
+            block = metrics.block_size or FALLBACK_BLOCK_SIZE
+            prompt, tokens = await _canary_prompt(client, model, block)
+            first = await client.complete(model, prompt)
+            if not first.ok:
+                return cls(model, prompt, tokens, "none", None, f"canary request failed: {first.error}")
+            before = (await client.metrics()).counters
+            second = await client.complete(model, prompt)
+            after = (await client.metrics()).counters
+        except (ServerError, IndexError, KeyError, ValueError) as exc:
+            return cls("", "", None, "none", None, f"could not prime the canary: {exc}")
+        cached = _cached_tokens(second)
+        if cached is not None:
+            return cls(model, prompt, tokens, "cached_tokens", cached,
+                       None if cached > 0 else "the canary showed no cache hit before the reset "
+                       "(prefix caching off?): the check would prove nothing")
+        delta = after.delta(before)
+        hits = (delta.local_hits or 0) + (delta.external_hits or 0)
+        err = None if hits > 0 else "no prefix-cache hit counted before the reset (prefix caching off?)"
+        return cls(model, prompt, tokens, "metrics", hits, err)
+
+    async def check(self, client: VllmClient) -> CanaryCheck:
+        result = CanaryCheck(False, self.signal, self.prompt_tokens, self.primed, error=self.error)
+        if self.error:
+            return result
+        try:
+            before = (await client.metrics()).counters
+            outcome = await client.complete(self.model, self.prompt)
+            after = (await client.metrics()).counters
+        except ServerError as exc:
+            result.error = f"canary after the reset failed: {exc.message}"
+            return result
+        if not outcome.ok:
+            result.error = f"canary after the reset failed: {outcome.error}"
+            return result
+        delta = after.delta(before)
+        result.local_hits, result.external_hits = delta.local_hits, delta.external_hits
+        result.cached_tokens = _cached_tokens(outcome)
+        if self.signal == "cached_tokens":
+            stale = result.cached_tokens or 0
+            what = f"{stale:g} cached token(s)"
+        else:
+            stale = (delta.local_hits or 0) + (delta.external_hits or 0)
+            what = f"{delta.local_hits or 0:g} local + {delta.external_hits or 0:g} external hit token(s)"
+        result.ok = stale == 0
+        if not result.ok:
+            result.error = f"the canary still hit the cache after the reset: {what} (stale KV survives)"
+        return result
+
+
+async def _canary_prompt(client: VllmClient, model: str, block_size: int) -> tuple[str, int | None]:
+    """A unique prompt of more than one KV block (two when max_model_len allows), sized with /tokenize."""
+    nonce = secrets.token_hex(4)
+    words = [f"kvctl canary {nonce}:"]
+    target = block_size + 1
+    count, max_len = await client.tokenize(model, " ".join(words))
+    if max_len:
+        target = min(2 * block_size + 1, max_len - 2) if max_len > 2 * block_size + 2 else block_size + 1
+    filler = "the quick brown fox jumps over the lazy dog".split()
+    i = 0
+    while count < target:
+        step = max(1, (target - count) // 2)
+        words.extend(filler[(i + k) % len(filler)] for k in range(step))
+        i += step
+        count, _ = await client.tokenize(model, " ".join(words))
+    if max_len and count >= max_len:
+        raise ValueError(f"max_model_len {max_len} leaves no room for a canary longer than one block ({block_size})")
+    return " ".join(words), count
+
+
+def _cached_tokens(outcome: CallOutcome) -> float | None:
+    body = outcome.body if isinstance(outcome.body, dict) else {}
+    details = (body.get("usage") or {}).get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), (int, float)):
+        return float(details["cached_tokens"])
+    return None
+
+
+def _client(replica: Replica, options: ResetOptions, http: httpx.AsyncClient) -> VllmClient:
+    return VllmClient(replica.url, timeout=options.timeout, retries=options.retries, api_key=replica.api_key(),
+                      client=http)
+
+
+@asynccontextmanager
+async def _shared_http(options: ResetOptions, http: httpx.AsyncClient | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """One connection pool for the whole fleet (the caller's, when given)."""
+    if http is not None:
+        yield http
+        return
+    limits = httpx.Limits(max_connections=max(1, options.concurrency) * 2,
+                          max_keepalive_connections=max(1, options.concurrency))
+    async with httpx.AsyncClient(timeout=options.timeout, limits=limits) as client:
+        yield client
+
+
+__all__ = [
+    "CanaryCheck", "MasterReceipt", "OpResult", "Plan", "PlannedOp", "Receipt", "ReplicaPlan",
+    "ReplicaReceipt", "ResetOptions", "execute_plan", "hard_reset_fleet", "plan_reset",
+]

@@ -1,0 +1,162 @@
+"""Which servers a fleet command talks to: replicas (vLLM URLs) and the Mooncake master.
+
+Sources, merged in this order: `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
+(comma- or space-separated) when neither is given, and `--master HOST:PORT` (overrides the
+inventory's master).
+
+Inventory (YAML):
+
+    master: 127.0.0.1:9003        # the master's admin/metrics HTTP port (not its RPC port)
+    cache_prefix: rl-run-7        # optional: this deployment's key prefix on the master
+    replicas:
+      - url: http://127.0.0.1:8000
+        name: a                   # optional (default: host:port)
+        api_key_env: VLLM_API_KEY # optional: env var holding the key for /v1 routes
+        connector: MooncakeStoreConnector   # optional: else learned from /server_info
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from kvctl.errors import UsageError
+
+URLS_ENV = "KVCTL_URLS"
+
+
+@dataclass(frozen=True)
+class Replica:
+    url: str
+    name: str
+    api_key_env: str | None = None
+    connector: str | None = None  # as declared by the user; None = learn it from the server
+
+    def api_key(self) -> str | None:
+        """The key, read from its env var at call time (never stored, never printed)."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+@dataclass(frozen=True)
+class Fleet:
+    replicas: list[Replica]
+    master: str | None = None  # host:port of the master's admin/metrics HTTP port
+    cache_prefix: str | None = None
+    sources: list[str] = field(default_factory=list)
+
+
+def normalize_url(url: str, where: str) -> str:
+    """`host:port` or a URL -> `http://host:port` (no trailing slash); UsageError if unusable."""
+    text = url.strip()
+    if not text:
+        raise UsageError(f"{where}: empty URL", "give http://HOST:PORT")
+    if "://" not in text:
+        text = f"http://{text}"
+    parsed = urlparse(text)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UsageError(f"{where}: '{url}' is not an http(s) URL", "give http://HOST:PORT")
+    try:
+        parsed.port
+    except ValueError:
+        raise UsageError(f"{where}: '{url}' has a bad port", "give http://HOST:PORT") from None
+    return text.rstrip("/")
+
+
+def normalize_master(address: str, where: str) -> str:
+    text = address.strip()
+    if "://" in text:
+        text = urlparse(text).netloc
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{where}: '{address}' is not HOST:PORT",
+                         "give the master's admin/metrics port, e.g. 127.0.0.1:9003")
+    return text
+
+
+def default_name(url: str) -> str:
+    parsed = urlparse(url)
+    return parsed.netloc or url
+
+
+def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, master: str | None = None,
+                env: dict[str, str] | None = None) -> Fleet:
+    """Merge the target sources; UsageError when nothing is targeted or an entry is bad."""
+    env = os.environ if env is None else env
+    replicas: list[Replica] = []
+    sources: list[str] = []
+    inv_master = cache_prefix = None
+    if inventory is not None:
+        inv = load_inventory(inventory)
+        replicas += inv.replicas
+        inv_master, cache_prefix = inv.master, inv.cache_prefix
+        sources.append(f"--inventory {inventory}")
+    for i, url in enumerate(urls or []):
+        u = normalize_url(url, f"--url #{i + 1}")
+        replicas.append(Replica(u, default_name(u)))
+    if urls:
+        sources.append("--url")
+    if not replicas and env.get(URLS_ENV, "").strip():
+        for part in env[URLS_ENV].replace(",", " ").split():
+            u = normalize_url(part, URLS_ENV)
+            replicas.append(Replica(u, default_name(u)))
+        sources.append(URLS_ENV)
+    if not replicas:
+        raise UsageError("no replicas to act on", f"pass --url URL (repeatable), --inventory FILE or set {URLS_ENV}")
+    _check_unique(replicas)
+    final_master = normalize_master(master, "--master") if master else inv_master
+    return Fleet(replicas, final_master, cache_prefix, sources)
+
+
+def _check_unique(replicas: list[Replica]) -> None:
+    seen_urls: set[str] = set()
+    seen_names: set[str] = set()
+    for r in replicas:
+        if r.url in seen_urls:
+            raise UsageError(f"replica {r.url} is listed twice", "list each replica once")
+        if r.name in seen_names:
+            raise UsageError(f"two replicas are named '{r.name}'", "give each replica a unique name")
+        seen_urls.add(r.url)
+        seen_names.add(r.name)
+
+
+def load_inventory(path: Path) -> Fleet:
+    """Read and check an inventory file (schema checked with pydantic; errors say where)."""
+    import yaml
+    from pydantic import BaseModel, ConfigDict, ValidationError
+
+    class _Replica(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        url: str
+        name: str | None = None
+        api_key_env: str | None = None
+        connector: str | None = None
+
+    class _Inventory(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        replicas: list[_Replica]
+        master: str | None = None
+        cache_prefix: str | None = None
+
+    try:
+        raw: Any = yaml.safe_load(path.read_text("utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--inventory {path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--inventory {path}: not valid YAML: {exc}") from None
+    try:
+        inv = _Inventory.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise UsageError(f"--inventory {path}: {loc}: {first['msg']}{more}",
+                         "see the inventory format in docs/reset.md") from None
+    replicas = []
+    for i, r in enumerate(inv.replicas):
+        url = normalize_url(r.url, f"--inventory {path}: replicas.{i}.url")
+        replicas.append(Replica(url, r.name or default_name(url), r.api_key_env, r.connector))
+    master = normalize_master(inv.master, f"--inventory {path}: master") if inv.master else None
+    return Fleet(replicas, master, inv.cache_prefix)

@@ -308,7 +308,8 @@ class MasterProcess:
         self.host = host
         self.rpc_port = rpc_port
         self.metrics_port = metrics_port
-        self._fixed_ports = rpc_port is not None or metrics_port is not None
+        self._auto_rpc_port = rpc_port is None
+        self._auto_metrics_port = metrics_port is None
         self.default_kv_lease_ttl = default_kv_lease_ttl
         self.extra_args = list(extra_args)
         self.executable = executable
@@ -386,13 +387,13 @@ class MasterProcess:
         """
         if self.running:
             return self
-        attempts = 1 if self._fixed_ports else max(1, attempts)
+        auto = self._auto_rpc_port or self._auto_metrics_port
+        attempts = max(1, attempts) if auto else 1
         for attempt in range(1, attempts + 1):
-            if not self._fixed_ports:
-                self.rpc_port = free_port(self.host)
-                self.metrics_port = free_port(self.host)
-                while self.metrics_port == self.rpc_port:
-                    self.metrics_port = free_port(self.host)
+            if self._auto_rpc_port:
+                self.rpc_port = self._free_port_except(self.metrics_port)
+            if self._auto_metrics_port:
+                self.metrics_port = self._free_port_except(self.rpc_port)
             try:
                 self._launch()
                 self._wait_ready(timeout)
@@ -403,6 +404,12 @@ class MasterProcess:
                 if attempt == attempts or not self._busy_ports():
                     raise
         raise AssertionError("unreachable")
+
+    def _free_port_except(self, taken: int | None) -> int:
+        port = free_port(self.host)
+        while port == taken:
+            port = free_port(self.host)
+        return port
 
     def _launch(self) -> None:
         command = self.command()
@@ -423,7 +430,8 @@ class MasterProcess:
         began = time.monotonic()
         deadline = began + timeout
         url = f"{self.admin_url}/health"
-        with httpx.Client(timeout=0.5) as client:
+        # trust_env=False: an HTTP_PROXY in the environment must not intercept our own loopback master.
+        with httpx.Client(timeout=0.5, trust_env=False) as client:
             while True:
                 code = self._proc.poll()
                 if code is not None:

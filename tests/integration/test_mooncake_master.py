@@ -149,3 +149,12 @@ def test_process_on_a_taken_port_raises(master: MasterProcess, tmp_path: Path) -
     assert "master.log" in str(info.value)
     assert not proc.running
     assert admin_call(master.admin_address, "health")["status"] == "ok"  # the first one is intact
+
+
+def test_process_with_one_fixed_port_picks_the_other(tmp_path: Path) -> None:
+    require_mooncake()
+    metrics_port = _closed_loopback_port()
+    with MasterProcess(log_path=tmp_path / "master.log", metrics_port=metrics_port) as proc:
+        assert proc.metrics_port == metrics_port
+        assert proc.rpc_port not in (None, metrics_port)
+        assert admin_call(proc.admin_address, "health")["status"] == "ok"

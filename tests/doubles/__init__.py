@@ -1,0 +1,28 @@
+"""Test doubles (fakes that speak the real HTTP protocols) for kvctl's tests.
+
+``vllm_double`` holds an HTTP TEST DOUBLE of vLLM's OpenAI-compatible server and of the
+Mooncake master's admin port. They are stand-ins for tests, never used by kvctl itself, and
+they import nothing from kvctl (so the tests that use them are not circular).
+"""
+
+from .vllm_double import (
+    Call,
+    Counters,
+    DoubleFleet,
+    Faults,
+    MasterDouble,
+    SharedStore,
+    VllmDouble,
+    parse_version,
+)
+
+__all__ = [
+    "Call",
+    "Counters",
+    "DoubleFleet",
+    "Faults",
+    "MasterDouble",
+    "SharedStore",
+    "VllmDouble",
+    "parse_version",
+]

@@ -25,7 +25,9 @@ def test_readme_exit_codes_match_the_cli() -> None:
     from kvctl.cli import errors
 
     readme = (ROOT / "README.md").read_text()
-    for code in (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_USAGE):
+    from kvctl import reset
+
+    for code in (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_USAGE, reset.EXIT_PARTIAL):
         assert re.search(rf"\|\s*`?{code}`?\s*\|", readme), f"exit code {code} missing from README"
 
 

@@ -31,6 +31,7 @@ from typing import IO, Any
 import httpx
 
 from kvctl.errors import KvctlError
+from kvctl.http_base import HttpClientBase
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_START_TIMEOUT = 20.0
@@ -100,7 +101,7 @@ def parse_metrics(text: str) -> MasterMetrics:
                             for field, name in _METRIC_FIELDS.items()})
 
 
-class MasterAdmin:
+class MasterAdmin(HttpClientBase):
     """Async client for a Mooncake master's admin/metrics HTTP port.
 
     `address` is `host:port` of that port (or a URL). Pass `client` to share an
@@ -111,21 +112,10 @@ class MasterAdmin:
                  client: httpx.AsyncClient | None = None) -> None:
         self.base_url = admin_base_url(address)
         self.timeout = timeout
-        self._client = client or httpx.AsyncClient(timeout=timeout)
-        self._owns_client = client is None
+        super().__init__(timeout, client)
 
     def __repr__(self) -> str:
         return f"MasterAdmin({self.base_url!r})"
-
-    async def __aenter__(self) -> MasterAdmin:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
 
     def _error(self, what: str, hint: str | None = _ADMIN_HINT) -> MasterError:
         return MasterError(f"Mooncake master at {self.base_url}: {what}", hint)

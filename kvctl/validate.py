@@ -22,6 +22,7 @@ from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.errors import UsageError
+from kvctl.render import BUNDLE_FILES, MANIFEST, VERL_PATH
 from kvctl.sizes import parse_size
 from kvctl.templates import connector_names
 from kvctl.versions import parse_version
@@ -44,9 +45,6 @@ STORE_EXTRA_KEYS = ("load_async", "lookup_async", "enable_lookup", "save_decode_
                     "cache_prefix", "lookup_rpc_port", "preferred_segment", "store_tp_size")
 # The connector that reads MOONCAKE_CONFIG_PATH and fails without it (FACTS §4).
 STORE_CONNECTOR = "MooncakeStoreConnector"
-VERL_PATH = ("actor_rollout_ref", "rollout", "engine_kwargs", "vllm", "kv_transfer_config")
-BUNDLE_FILES = ("kv_transfer_config.json", "mooncake.json", "kvctl.env", "verl.yaml",
-                "vllm-args.txt", "bundle.json")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LAST_STEP = re.compile(r"(\.?[^.\[\]]+|\[\d+\])$")  # last ".key", "key" or "[i]"
 _HASH_SEED_MAX = 4294967295  # CPython's upper bound for PYTHONHASHSEED
@@ -813,7 +811,7 @@ def _bundle_config_file(folder: Path) -> Path:
     ktc_file = folder / "kv_transfer_config.json"
     if not ktc_file.is_file():
         raise UsageError(f"{folder}: not a kvctl bundle (no kv_transfer_config.json); looked for "
-                         + ", ".join(BUNDLE_FILES),
+                         + ", ".join([*BUNDLE_FILES.values(), MANIFEST]),
                          f"write one with: kvctl config render NAME --out {folder}")
     return ktc_file
 

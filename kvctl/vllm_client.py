@@ -17,6 +17,7 @@ from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.errors import KvctlError
+from kvctl.http_base import HttpClientBase
 from kvctl.versions import version_from_server_payload
 
 DEFAULT_TIMEOUT = 10.0
@@ -52,7 +53,7 @@ class CallOutcome:
         return self.error is None and self.status is not None and 200 <= self.status < 300
 
 
-class VllmClient:
+class VllmClient(HttpClientBase):
     def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, retries: int = 2,
                  backoff: float = 0.2, api_key: str | None = None,
                  client: httpx.AsyncClient | None = None) -> None:
@@ -61,18 +62,7 @@ class VllmClient:
         self.retries = retries
         self.backoff = backoff
         self._api_key = api_key
-        self._client = client or httpx.AsyncClient(timeout=timeout)
-        self._owns_client = client is None
-
-    async def __aenter__(self) -> VllmClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        super().__init__(timeout, client)
 
     # -- transport --------------------------------------------------------------------------
     async def call(self, method: str, path: str, *, params: dict[str, Any] | None = None,

@@ -1,0 +1,118 @@
+"""Processes kvctl starts, recorded by pid AND start time, so a reused pid is never signalled.
+
+A process is started in its own session (its own process group), with its output in a log
+file. Stopping sends SIGTERM to it and, after a grace period, SIGKILL to it and to every
+descendant it had (vLLM's API server has engine-core children).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+START_TIME_TOLERANCE = 0.05  # seconds; psutil's create_time is rounded to clock ticks
+StopResult = Literal["stopped", "killed", "not running", "not ours"]
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    pid: int
+    start_time: float  # psutil create_time (epoch seconds)
+    name: str  # what it is to a person, e.g. "replica r0"
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def start_time_of(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def is_ours(ref: ProcessRef) -> bool:
+    """Alive and the same process we started (not a later process that got the same pid)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(ref.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(proc.create_time() - ref.start_time) <= START_TIME_TOLERANCE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def spawn(command: list[str], env: dict[str, str], log_path: Path, name: str,
+          cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], ProcessRef]:
+    """Start `command` in its own session with stdout+stderr appended to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=cwd, start_new_session=True)
+    started = start_time_of(proc.pid)
+    return proc, ProcessRef(proc.pid, started if started is not None else time.time(), name)
+
+
+def stop(ref: ProcessRef, grace: float = 10.0) -> StopResult:
+    """SIGTERM, wait up to `grace`, then SIGKILL the process and its descendants. Idempotent."""
+    import psutil
+
+    if not is_ours(ref):
+        return "not running" if start_time_of(ref.pid) is None else "not ours"
+    try:
+        proc = psutil.Process(ref.pid)
+        family = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return "not running"
+    _signal_all(family, signal.SIGTERM, leader_only=True)
+    _, alive = psutil.wait_procs([proc], timeout=grace)
+    if not alive:
+        # the leader is gone; children normally follow it within moments
+        _, alive_children = psutil.wait_procs(family[1:], timeout=min(grace, 5.0))
+        if not alive_children:
+            return "stopped"
+        _signal_all(alive_children, signal.SIGKILL)
+        psutil.wait_procs(alive_children, timeout=5.0)
+        return "killed"
+    _signal_all(family, signal.SIGKILL)
+    psutil.wait_procs(family, timeout=5.0)
+    return "killed"
+
+
+def _signal_all(procs: list, sig: int, leader_only: bool = False) -> None:  # noqa: ANN001 - psutil.Process
+    import psutil
+
+    for p in procs[:1] if leader_only else procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def tail(path: Path, lines: int = 25, max_chars: int = 4000) -> str:
+    """The end of a log file, for error messages."""
+    try:
+        data = path.read_bytes()[-max_chars * 2:]
+    except OSError:
+        return "(no log)"
+    text = data.decode("utf-8", "replace").splitlines()[-lines:]
+    return "\n".join(text)[-max_chars:]
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """Collect a child's exit status (avoid zombies) without blocking."""
+    try:
+        proc.poll()
+    except OSError:
+        pass
+
+
+__all__ = ["ProcessRef", "is_ours", "reap", "spawn", "start_time_of", "stop", "tail"]

@@ -1,0 +1,241 @@
+"""Start and stop a local fleet: an embedded Mooncake master and N vLLM replicas with the connector.
+
+`start_run()` does the error-prone parts in order (ports, configs, env, master, replicas, health)
+and records everything in a run folder as it goes; on any failure, or Ctrl-C, it stops what it
+started before raising. `stop_run()` stops only processes the run started (pid and start time).
+Nothing here prints: progress goes to an `on_event` callback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvctl import __version__, procs, runs
+from kvctl.compat import layout_of
+from kvctl.errors import KvctlError, UsageError
+from kvctl.runs import MasterRecord, ReplicaRecord, RunRecord
+from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, replica_command, replica_env, \
+    tensor_parallel_size
+
+Event = Callable[..., None]
+DEFAULT_HEALTH_TIMEOUT = 600.0
+
+
+class ServeError(KvctlError):
+    """The fleet could not be started; everything it had started is stopped again."""
+
+
+@dataclass
+class ServeSpec:
+    model: str
+    template: str = "mooncake-store"
+    overrides: dict[str, str] = field(default_factory=dict)
+    replicas: int = 1
+    master: str = "embedded"  # or the RPC address HOST:PORT of a running master
+    master_admin: str | None = None  # admin/metrics HOST:PORT of that master (for status/reset)
+    host: str = "127.0.0.1"
+    base_port: int | None = None
+    name: str | None = None
+    vllm_python: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    allow_remote_admin: bool = False
+    state_dir: str | None = None
+    template_path: str | None = None
+    health_timeout: float = DEFAULT_HEALTH_TIMEOUT
+
+
+def check_spec(spec: ServeSpec) -> None:
+    """Refusals that need no process: bad counts, and dev-mode servers beyond loopback."""
+    if spec.replicas < 1:
+        raise UsageError(f"--replicas {spec.replicas}: need at least 1")
+    if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
+        raise UsageError(f"--base-port {spec.base_port} is not a usable port")
+    if not is_loopback(spec.host) and not spec.allow_remote_admin:
+        raise UsageError(
+            f"--host {spec.host} would expose the replicas' dev-mode routes (reset, pause, server_info) and the "
+            "master's admin port beyond this machine; they have no authentication (--api-key guards only /v1)",
+            "keep --host 127.0.0.1, or pass --allow-remote-admin on a network you trust",
+        )
+    if spec.master != "embedded" and ":" not in spec.master:
+        raise UsageError(f"--master {spec.master}: give 'embedded' or the master's RPC address HOST:PORT")
+
+
+def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
+    """Start the master (embedded) and the replicas, wait until all are healthy, record the run."""
+    emit = on_event or (lambda *a, **k: None)
+    check_spec(spec)
+    install = find_vllm(spec.vllm_python)
+    emit("vllm", install=install)
+    name = runs.check_name(spec.name or runs.new_name())
+    run_dir = runs.runs_dir(spec.state_dir) / name
+    if (run_dir / runs.RUN_FILE).exists():
+        raise UsageError(f"a run named '{name}' already exists ({run_dir})",
+                         "pick another --name, or remove that folder after kvctl stop --run " + name)
+    ports = _replica_ports(spec)
+    record = RunRecord(name=name, dir=str(run_dir), state="starting", created=time.time(), template=spec.template,
+                       parameters={}, model=spec.model, host=spec.host, vllm=install.to_dict(), master=None,
+                       kvctl_version=__version__)
+    try:
+        record.master = _start_master(spec, run_dir, record, emit)
+        bundle = _render(spec, install, record, run_dir)
+        _start_replicas(spec, install, bundle, ports, record, emit)
+        _wait_healthy(record, spec.health_timeout, emit)
+    except BaseException as exc:
+        record.error = str(exc) if isinstance(exc, KvctlError) else f"{type(exc).__name__}: {exc}"
+        stop_run(record, on_event=emit)
+        record.state = "failed"
+        record.save()
+        raise
+    record.state = "running"
+    record.save()
+    return record
+
+
+def _replica_ports(spec: ServeSpec) -> list[int]:
+    if spec.base_port is None:
+        ports: list[int] = []
+        while len(ports) < spec.replicas:
+            port = _free_port(spec.host)
+            if port not in ports:
+                ports.append(port)
+        return ports
+    ports = [spec.base_port + i for i in range(spec.replicas)]
+    busy = [p for p in ports if _port_busy(spec.host, p)]
+    if busy:
+        raise UsageError(f"port(s) {', '.join(map(str, busy))} on {spec.host} are in use",
+                         "pick another --base-port, or leave it out to use free ports")
+    return ports
+
+
+def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event) -> MasterRecord:
+    from kvctl.mooncake_master import MasterProcess
+
+    if spec.master != "embedded":
+        return MasterRecord(False, spec.master, spec.master_admin)
+    emit("master_starting")
+    master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log")
+    run_dir.joinpath("logs").mkdir(parents=True, exist_ok=True)
+    master.start()
+    ref = procs.ProcessRef(master.pid or 0, master.start_time or time.time(), "mooncake_master")
+    rec = MasterRecord(True, master.rpc_address, master.admin_address, ref, str(master.log_path))
+    record.master = rec
+    record.save()
+    emit("master_ready", master=rec, seconds=master.ready_seconds)
+    return rec
+
+
+def _render(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_dir: Path) -> Any:
+    from kvctl import templates
+    from kvctl.render import render, write_bundle
+
+    template = templates.load(spec.template, spec.template_path)
+    overrides = dict(spec.overrides)
+    if "master" in template.parameters and "master" not in overrides and record.master is not None:
+        overrides["master"] = record.master.rpc_address
+    bundle_dir = run_dir / "config"
+    bundle = render(template, overrides, install.version, f"{install.distribution} at {install.python}",
+                    bundle_dir=bundle_dir)
+    write_bundle(bundle, bundle_dir)
+    record.parameters = bundle.parameters
+    record.bundle = str(bundle_dir)
+    record.connector = layout_of(bundle.kv_transfer_config)
+    record.cache_prefix = bundle.parameters.get("cache_prefix")
+    record.save()
+    return bundle
+
+
+def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: list[int], record: RunRecord,
+                    emit: Event) -> None:
+    base_env = dict(os.environ)
+    gpus = [] if install.cpu else gpu_ids(base_env)
+    per = tensor_parallel_size(spec.extra_args)
+    if gpus and len(gpus) < spec.replicas * per:
+        raise UsageError(f"{spec.replicas} replica(s) x {per} GPU(s) need {spec.replicas * per} GPUs; "
+                         f"this machine shows {len(gpus)}", "lower --replicas or the tensor parallel size")
+    for i, port in enumerate(ports):
+        name = f"r{i}"
+        gpu = ",".join(gpus[i * per:(i + 1) * per]) if gpus else None
+        private = record.path / "replicas" / name
+        env = replica_env(install, base_env, bundle.env, private, spec.host, gpu)
+        command = replica_command(install, spec.model, spec.host, port, bundle.kv_transfer_config, spec.extra_args)
+        log = record.path / "logs" / f"{name}.log"
+        _, ref = procs.spawn(command, env, log, f"replica {name}", cwd=private)
+        record.replicas.append(ReplicaRecord(name, f"http://{_url_host(spec.host)}:{port}", port, ref, str(log), gpu))
+        record.save()
+        emit("replica_started", replica=record.replicas[-1])
+
+
+def _wait_healthy(record: RunRecord, timeout: float, emit: Event) -> None:
+    """Poll every replica's /health until 200; a replica that exits fails the start at once."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    pending = {r.name: r for r in record.replicas}
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while pending:
+            for name, rep in list(pending.items()):
+                if rep.process is None or not procs.is_ours(rep.process):
+                    raise ServeError(f"replica {name} ({rep.url}) exited while starting; log {rep.log}:\n"
+                                     + procs.tail(Path(rep.log)),
+                                     "read the log above (model path, port, master address, flags)")
+                try:
+                    ok = client.get(f"{rep.url}/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    del pending[name]
+                    emit("replica_healthy", replica=rep, seconds=time.monotonic() - began)
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(pending)
+                raise ServeError(f"replica(s) {names} not healthy within {timeout:g} s",
+                                 "read their logs in " + str(record.path / "logs") + "; raise --health-timeout")
+            if pending:
+                emit("waiting", pending=list(pending), seconds=time.monotonic() - began)
+                time.sleep(0.5)
+
+
+def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = None) -> list[tuple[str, str]]:
+    """Stop every process the run started (replicas, then the master). Safe to call twice; logs stay."""
+    emit = on_event or (lambda *a, **k: None)
+    results = []
+    for ref in record.processes():
+        result = procs.stop(ref, grace)
+        results.append((ref.name, result))
+        emit("stopped", name=ref.name, result=result)
+    if record.state in ("starting", "running"):
+        record.state = "stopped"
+    record.save()
+    return results
+
+
+def run_alive(record: RunRecord) -> list[str]:
+    """Names of the run's processes that are gone (empty: all alive)."""
+    return [ref.name for ref in record.processes() if not procs.is_ours(ref)]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_busy(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host

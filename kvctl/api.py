@@ -33,6 +33,7 @@ async def hard_reset_async(
     *,
     inventory: str | Path | None = None,
     master: str | None = None,
+    run: str | None = None,
     connector: bool = True,
     mm: bool = True,
     encoder: bool = True,
@@ -50,7 +51,7 @@ async def hard_reset_async(
     receipt that is not fully ok raises ResetFailed (carrying the receipt).
     Bad targets raise kvctl.errors.UsageError.
     """
-    fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, master)
+    fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, master, run=run)
     options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
                            dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency)
     receipt = await hard_reset_fleet(fleet, options)

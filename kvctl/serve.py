@@ -117,6 +117,7 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
     from kvctl.mooncake_master import MasterProcess
 
     if spec.master != "embedded":
+        _check_reachable(spec.master)
         return MasterRecord(False, spec.master, spec.master_admin)
     emit("master_starting")
     master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log")
@@ -218,6 +219,17 @@ def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = No
 def run_alive(record: RunRecord) -> list[str]:
     """Names of the run's processes that are gone (empty: all alive)."""
     return [ref.name for ref in record.processes() if not procs.is_ours(ref)]
+
+
+def _check_reachable(rpc_address: str, timeout: float = 3.0) -> None:
+    """Fail fast: vLLM itself waits ~100 s before it gives up on an unreachable master."""
+    host, _, port = rpc_address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ServeError(f"the Mooncake master at {rpc_address} is unreachable ({exc})",
+                         "start it first, check --master HOST:PORT (its RPC port), or use --master embedded") from None
 
 
 def _free_port(host: str) -> int:

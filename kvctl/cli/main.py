@@ -10,6 +10,7 @@ import typer
 from kvctl import __version__
 from kvctl.cli import compat, config
 from kvctl.cli.reset import reset
+from kvctl.cli.serve import serve, stop
 
 app = typer.Typer(
     name="kvctl",
@@ -22,6 +23,8 @@ app = typer.Typer(
 app.add_typer(config.app, name="config")
 app.add_typer(compat.app, name="compat")
 app.command("reset")(reset)
+app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
+app.command("stop")(stop)
 
 
 def _version_callback(value: bool) -> None:

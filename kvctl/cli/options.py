@@ -39,3 +39,10 @@ MasterOpt = Annotated[
     Optional[str],
     typer.Option("--master", metavar="HOST:PORT", help="The Mooncake master's admin/metrics HTTP port (e.g. 127.0.0.1:9003)."),
 ]
+RunOpt = Annotated[
+    Optional[str], typer.Option("--run", metavar="NAME", help="A fleet started by kvctl serve (see: kvctl status)."),
+]
+StateDirOpt = Annotated[
+    Optional[str],
+    typer.Option("--state-dir", metavar="DIR", help="Where run folders live (default: $KVCTL_STATE_DIR, else the user state dir)."),
+]

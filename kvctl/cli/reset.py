@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, UrlsOpt
+from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, RunOpt, StateDirOpt, UrlsOpt
 from kvctl.errors import UsageError
 
 OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache", "mm cache"),
@@ -17,6 +17,7 @@ OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache",
 
 @handle_errors
 def reset(
+    run: RunOpt = None,
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
     master: MasterOpt = None,
@@ -29,6 +30,7 @@ def reset(
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Replicas handled at once.")] = 64,
+    state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Hard-reset every replica: local prefix cache, external store (--connector), mm and encoder caches.
@@ -40,7 +42,7 @@ def reset(
 
     if timeout <= 0 or retries < 0 or concurrency < 1:
         raise UsageError("--timeout must be > 0, --retries >= 0 and --concurrency >= 1")
-    fleet = build_fleet(url, inventory, master)
+    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir)
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
                            pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency)
     receipt = asyncio.run(hard_reset_fleet(fleet, options))

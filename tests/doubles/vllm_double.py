@@ -1405,7 +1405,8 @@ class DoubleFleet:
     async def _open(self, server: _DoubleServer) -> None:
         assert self._runner is not None
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((LOOPBACK, 0))
+        # a server may ask for a fixed port (the fake vLLM interpreter serves on --port)
+        sock.bind((LOOPBACK, getattr(server, "requested_port", None) or 0))
         port = sock.getsockname()[1]
         server.port = port
         self._servers[port] = server

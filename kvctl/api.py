@@ -38,7 +38,7 @@ async def hard_reset_async(
     mm: bool = True,
     encoder: bool = True,
     verify: bool = False,
-    pause: bool = False,
+    pause: bool | None = None,
     dry_run: bool = False,
     timeout: float = 10.0,
     retries: int = 2,

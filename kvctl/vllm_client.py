@@ -66,7 +66,7 @@ class VllmClient(HttpClientBase):
 
     # -- transport --------------------------------------------------------------------------
     async def call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-                   json: Any = None, retries: int | None = None) -> CallOutcome:
+                   json: Any = None, retries: int | None = None, timeout: float | None = None) -> CallOutcome:
         """One request with bounded retries; never raises for HTTP or transport failures."""
         from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -85,13 +85,14 @@ class VllmClient(HttpClientBase):
                 with attempt:
                     attempts += 1
                     response = await self._client.request(method, url, params=_query(params), json=json,
-                                                          headers=headers, timeout=self.timeout)
+                                                          headers=headers, timeout=timeout or self.timeout)
                     if response.status_code >= 500:
                         raise _Retryable(response)
         except _Retryable as exc:
             response = exc.response
         except httpx.TransportError as exc:
-            return CallOutcome(method, url, None, None, time.perf_counter() - start, attempts, _describe(exc, self.timeout))
+            return CallOutcome(method, url, None, None, time.perf_counter() - start, attempts,
+                               _describe(exc, timeout or self.timeout, attempts))
         outcome = CallOutcome(method, url, response.status_code, _body(response), time.perf_counter() - start, attempts)
         if not 200 <= response.status_code < 300:
             outcome.error = _http_error(response, path)
@@ -149,10 +150,13 @@ class VllmClient(HttpClientBase):
             raise ServerError(f"{outcome.url}: {outcome.error or 'unexpected answer'}")
         return int(outcome.body["count"]), outcome.body.get("max_model_len")
 
-    async def complete(self, model: str, prompt: str, max_tokens: int = 1) -> CallOutcome:
-        """POST /v1/completions, greedy; the answer's usage carries prompt_tokens_details."""
+    async def complete(self, model: str, prompt: str, max_tokens: int = 1,
+                       timeout: float | None = None) -> CallOutcome:
+        """POST /v1/completions, greedy, sent once: a completion is not idempotent for the cache
+        (a retried request would hit blocks its timed-out first attempt computed)."""
         return await self.call("POST", "/v1/completions", json={
-            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0})
+            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0},
+            retries=0, timeout=timeout)
 
     # -- dev-mode actions ------------------------------------------------------------------
     async def reset_prefix_cache(self, version: Version, *, reset_external: bool,
@@ -219,9 +223,10 @@ def _http_error(response: httpx.Response, path: str) -> str:
     return f"HTTP {response.status_code}" + (f": {text[:200]}" if text else "")
 
 
-def _describe(exc: httpx.TransportError, timeout: float) -> str:
+def _describe(exc: httpx.TransportError, timeout: float, attempts: int = 1) -> str:
     if isinstance(exc, httpx.TimeoutException):
-        return f"timed out after {timeout:g} s ({type(exc).__name__})"
+        tries = f", {attempts} attempts" if attempts > 1 else ""
+        return f"timed out after {timeout:g} s ({type(exc).__name__}{tries})"
     if isinstance(exc, httpx.ConnectError):
         return f"connection refused or unreachable ({exc})" if str(exc) else "connection refused or unreachable"
     return f"{type(exc).__name__}: {exc}"

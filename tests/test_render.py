@@ -26,7 +26,7 @@ FIRST = {
     "mooncake-pd": ("0.13.0", ""),
     "lmcache-mooncake": ("0.13.0", ""),
 }
-REMOVED_IN_032 = {"kv_buffer_size", "kv_rank", "kv_parallel_size", "kv_ip", "kv_port"}
+REMOVED_IN_032 = {"kv_buffer_size", "kv_rank", "kv_parallel_size", "kv_ip"}
 
 
 def _configs(ktc: dict) -> list[dict]:

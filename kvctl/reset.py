@@ -462,7 +462,8 @@ def _conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt 
     done = len(replicas) - len(not_reset)
     if not not_reset:
         code = EXIT_OK
-        summary = f"{done}/{len(replicas)} replica(s) hard-reset" + (" and verified" if opts.verify else "")
+        what = "hard-reset" if opts.connector else "reset (local caches only; the external store was not touched: --connector clears it)"
+        summary = f"{done}/{len(replicas)} replica(s) {what}" + (" and verified" if opts.verify else "")
     else:
         code = EXIT_FAILED if done == 0 else EXIT_PARTIAL
         summary = (f"{done}/{len(replicas)} replica(s) reset" + (" and verified" if opts.verify else "")

@@ -91,6 +91,8 @@ def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str
     """Environment of one replica: the bundle's env (MOONCAKE_CONFIG_PATH, PYTHONHASHSEED,
     VLLM_SERVER_DEV_MODE), private cache/RPC/temp dirs, loopback addresses, CPU or GPU settings."""
     env = {**base, **bundle_env}
+    # kvctl reset, pause and server_info need the dev routes, whatever a template says
+    env["VLLM_SERVER_DEV_MODE"] = "1"
     for key, sub in (("VLLM_CACHE_ROOT", "cache"), ("VLLM_RPC_BASE_PATH", "rpc"), ("TMPDIR", "tmp")):
         folder = private_dir / sub
         folder.mkdir(parents=True, exist_ok=True)  # must exist before start (ZMQ ipc paths)

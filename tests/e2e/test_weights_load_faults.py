@@ -1,0 +1,214 @@
+"""Real-stack tests beyond the basic story: a weight update, a reset under load, faults, and
+vLLM's own KVTransferConfig judging kvctl's renders. They run after test_stale_kv.py (file order)
+and the fault test, which kills processes of the shared stack, comes last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvctl import procs, runs
+from kvctl.vllm_launch import find_vllm, replica_command, replica_env
+
+from .conftest import HTTP_TIMEOUT, PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local, start_stack, \
+    stop_stack
+
+pytestmark = pytest.mark.e2e
+
+
+# -- 1. weight update ---------------------------------------------------------------------
+def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_python: str) -> None:
+    """Old-weight KV in Mooncake changes a new-weight server's output until kvctl resets the store."""
+    kvctl("reset", "--run", stack.name, "--connector", state=stack.state)
+    # the weight update: same path, same tokenizer and shape, new random weights (seed 1)
+    shutil.copy2(models / "tiny-llama-1" / "model.safetensors", stack.model / "model.safetensors")
+    new = start_stack("weights", stack.state, stack.model, vllm_python, "--master", stack.rpc,
+                      "--master-admin", stack.admin)
+    try:
+        c = new.urls[0]
+        fresh = probe(c, stack.model, max_tokens=4)  # computed from scratch with the new weights
+        assert fresh.cached == 0
+        kvctl("reset", "--run", new.name, "--connector", state=stack.state)  # forget it again
+        a = stack.urls[0]
+        probe(a, stack.model)  # the old-weight server stores its KV for the prompt in Mooncake
+        probe(a, stack.model)
+        reset_local(c)
+        stale = probe(c, stack.model, max_tokens=4)
+        assert stale.external == 128  # the new-weight server loaded the old-weight block ...
+        assert not _close(stale.logprobs, fresh.logprobs)  # ... and its output changed
+        done = kvctl("reset", "--run", new.name, "--connector", "--verify", "--json", state=stack.state)
+        assert receipt(done)["ok"] is True
+        reset_local(c)
+        kvctl("reset", "--run", new.name, "--connector", state=stack.state)  # drop the canary's blocks
+        after = probe(c, stack.model, max_tokens=4)
+        assert (after.cached, after.external) == (0, 0)
+        assert after.text == fresh.text and _close(after.logprobs, fresh.logprobs)
+    finally:
+        stop_stack(new)
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-4) for x, y in zip(a, b))
+
+
+# -- 2. under load -----------------------------------------------------------------------
+def test_reset_under_load_fails_no_request(stack: Stack) -> None:
+    stop = threading.Event()
+    results: list[tuple[float, float, int]] = []  # (start, end, status)
+
+    def load(url: str, tag: str) -> None:
+        with httpx.Client(timeout=HTTP_TIMEOUT, trust_env=False) as client:
+            i = 0
+            while not stop.is_set() and i < 400:  # bounded
+                i += 1
+                started = time.monotonic()
+                try:
+                    status = client.post(f"{url}/v1/completions", json={
+                        "model": str(stack.model), "prompt": f"{PROMPT} {tag} {i % 3}", "max_tokens": 2,
+                        "temperature": 0}).status_code
+                except httpx.HTTPError:
+                    status = -1
+                results.append((started, time.monotonic(), status))
+
+    threads = [threading.Thread(target=load, args=(url, f"client{n}")) for n, url in enumerate(stack.urls)]
+    for t in threads:
+        t.start()
+    time.sleep(5)
+    began = time.monotonic()
+    proc = kvctl("reset", "--run", stack.name, "--connector", "--pause", "--verify", "--json",
+                 state=stack.state, check=False)
+    ended = time.monotonic()
+    time.sleep(5)
+    stop.set()
+    for t in threads:
+        t.join(timeout=300)
+    data = receipt(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert data["master"]["keys_after"] == 0  # counted while generation was paused
+    assert all(r["canary"]["cached_tokens"] == 0 for r in data["replicas"])
+    failed = [r for r in results if r[2] != 200]
+    assert failed == [], f"{len(failed)} of {len(results)} requests failed during the reset"
+    assert any(r[1] < began for r in results) and any(r[0] > ended for r in results)
+
+
+# -- 3. vLLM's own KVTransferConfig --------------------------------------------------------
+JUDGE = """
+import json, sys
+from vllm.config import KVTransferConfig
+ok = {}
+for name, cfg in json.loads(sys.stdin.read()).items():
+    try:
+        KVTransferConfig(**cfg)
+        ok[name] = "accepted"
+    except Exception as exc:
+        ok[name] = f"rejected: {type(exc).__name__}: {str(exc)[:200]}"
+print(json.dumps(ok))
+"""
+
+
+def test_every_render_is_accepted_by_vllms_kvtransferconfig(vllm_python: str, state: Path) -> None:
+    install = find_vllm(vllm_python)
+    configs = {}
+    for name in ("mooncake-store", "mooncake-store-standalone", "mooncake-pd", "mooncake-pd-store",
+                 "lmcache-mooncake"):
+        out = kvctl("config", "render", name, "--set", "role=producer" if "pd" in name else "hash_seed=0",
+                    "--format", "json", "--vllm-version", str(install.version), state=state)
+        configs[name] = json.loads(out.stdout)
+    configs["unknown-field"] = {**configs["mooncake-store"], "kv_bogus_field": 1}
+    judged = json.loads(subprocess.run([vllm_python, "-c", JUDGE], input=json.dumps(configs), text=True,
+                                       capture_output=True, timeout=300, check=True).stdout)
+    assert {k: v for k, v in judged.items() if k != "unknown-field"} == {k: "accepted" for k in configs
+                                                                         if k != "unknown-field"}
+    assert judged["unknown-field"].startswith("rejected")  # extra=forbid from 0.16 (FACTS §2)
+
+
+def test_kvctl_config_render_fits_the_installed_vllm(vllm_python: str, state: Path) -> None:
+    install = find_vllm(vllm_python)
+    assert install.cpu and str(install.version) == "0.32.0"
+
+
+# -- 4. faults ----------------------------------------------------------------------------
+def test_replica_without_dev_mode_gets_the_dev_mode_message(stack: Stack, vllm_python: str,
+                                                            tmp_path: Path) -> None:
+    install = find_vllm(vllm_python)
+    port = _free_port()
+    bundle_env = {"MOONCAKE_CONFIG_PATH": str(Path(stack.record.bundle) / "mooncake.json"), "PYTHONHASHSEED": "0"}
+    env = replica_env(install, dict(__import__("os").environ), bundle_env, tmp_path / "nodev", "127.0.0.1", None)
+    env.pop("VLLM_SERVER_DEV_MODE")
+    cmd = replica_command(install, str(stack.model), "127.0.0.1", port,
+                          {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"},
+                          ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"])
+    _, ref = procs.spawn(cmd, env, tmp_path / "nodev.log", "replica nodev")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(url, ref, tmp_path / "nodev.log")
+        proc = kvctl("reset", "--url", url, state=stack.state, check=False)
+        assert proc.returncode == 1
+        assert "dev mode is off" in proc.stdout and "VLLM_SERVER_DEV_MODE=1" in proc.stdout
+        with_connector = kvctl("reset", "--url", url, "--connector", state=stack.state, check=False)
+        assert with_connector.returncode == 1 and "VLLM_SERVER_DEV_MODE=1" in with_connector.stderr
+    finally:
+        procs.stop(ref)
+    assert not procs.is_ours(ref)
+
+
+def test_zz_replica_then_master_killed(stack: Stack) -> None:
+    """Last: kills processes of the shared stack. A replica killed during the reset gives exit 3
+    naming it; with the master dead too, the reset fails clearly and in bounded time."""
+    victim = stack.record.replicas[1]
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl", "reset", "--run", stack.name, "--connector", "--verify",
+                             "--json", "--timeout", "5", "--retries", "1", "--state-dir", str(stack.state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # the reset is priming its canaries by now
+    procs.stop(victim.process, grace=0)
+    out, err = proc.communicate(timeout=600)
+    data = json.loads(out)
+    assert proc.returncode == 3, out + err
+    assert data["not_reset"] == [victim.name]
+    assert victim.name in data["summary"]
+    master = stack.record.master
+    procs.stop(master.process, grace=0)
+    began = time.monotonic()
+    dead = kvctl("reset", "--run", stack.name, "--connector", "--verify", "--json", "--timeout", "5",
+                 "--retries", "1", state=stack.state, check=False)
+    assert time.monotonic() - began < 600
+    assert dead.returncode in (1, 3)
+    data = receipt(dead)
+    assert data["master"]["error"] and "Mooncake master" in data["master"]["error"]
+    assert not data["ok"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_health(url: str, ref: procs.ProcessRef, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not procs.is_ours(ref):
+            raise AssertionError(f"replica exited:\n{procs.tail(log)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} not healthy:\n{procs.tail(log)}")
+
+
+__all__ = ["runs", "signal", "master_keys"]

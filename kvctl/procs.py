@@ -66,6 +66,8 @@ def stop(ref: ProcessRef, grace: float = 10.0) -> StopResult:
     import psutil
 
     if not is_ours(ref):
+        if _reap_if_zombie(ref):
+            return "not running"
         return "not running" if start_time_of(ref.pid) is None else "not ours"
     try:
         proc = psutil.Process(ref.pid)
@@ -85,6 +87,22 @@ def stop(ref: ProcessRef, grace: float = 10.0) -> StopResult:
     _signal_all(family, signal.SIGKILL)
     psutil.wait_procs(family, timeout=5.0)
     return "killed"
+
+
+def _reap_if_zombie(ref: ProcessRef) -> bool:
+    """Our own child that already exited (a zombie until waited for): collect it."""
+    import os
+
+    import psutil
+
+    try:
+        proc = psutil.Process(ref.pid)
+        if proc.status() != psutil.STATUS_ZOMBIE or abs(proc.create_time() - ref.start_time) > START_TIME_TOLERANCE:
+            return False
+        os.waitpid(ref.pid, os.WNOHANG)
+    except (psutil.NoSuchProcess, ChildProcessError, OSError):
+        pass
+    return True
 
 
 def _signal_all(procs: list, sig: int, leader_only: bool = False) -> None:  # noqa: ANN001 - psutil.Process

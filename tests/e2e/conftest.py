@@ -60,8 +60,8 @@ def models() -> Path:
 
 def kvctl(*args: str, state: Path, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """Run the kvctl CLI as a user would (its own process)."""
-    proc = subprocess.run([sys.executable, "-m", "kvctl", *args, "--state-dir", str(state)], text=True,
-                          capture_output=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-m", "kvctl", *args], text=True, capture_output=True, timeout=timeout,
+                          env={**os.environ, "KVCTL_STATE_DIR": str(state)})
     if check and proc.returncode != 0:
         raise AssertionError(f"kvctl {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 
 def test_status_sees_a_healthy_fleet(stack: Stack) -> None:

@@ -24,7 +24,7 @@ from kvctl.vllm_launch import find_vllm, replica_command, replica_env
 from .conftest import HTTP_TIMEOUT, PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local, start_stack, \
     stop_stack
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 
 # -- 1. weight update ---------------------------------------------------------------------

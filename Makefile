@@ -47,3 +47,12 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info
+
+# Speed and scale of kvctl against the alternatives (~20 min; not part of `make test`): writes
+# benchmarks/results.json, docs/performance.md and docs/performance.png. BENCH_ARGS=--quick for a short run.
+BENCH_ARGS ?=
+.PHONY: bench
+bench: $(STAMP) tiny-model
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $(PY) benchmarks/run.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS)

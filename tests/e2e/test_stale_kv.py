@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from .conftest import PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local
+from .conftest import Stack, kvctl, master_keys, probe, receipt, reset_local
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -69,7 +69,3 @@ def test_dry_run_then_json_receipt_names_the_plan(stack: Stack) -> None:
     plan = data["plan"]
     assert plan["master_clear"] is False  # vLLM 0.32 clears the store itself
     assert all(r["layout"] == ["MooncakeStoreConnector"] for r in plan["replicas"])
-
-
-def test_prompt_helper_is_longer_than_a_block() -> None:
-    assert len(PROMPT.split()) > 100

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+from kvctl.ports import free_port, port_in_use
 
 if TYPE_CHECKING:
     from kvctl.vllm_launch import VllmInstall
@@ -289,9 +290,7 @@ def check_system_libraries() -> Check:
 
 def check_loopback() -> Check:
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((LOOPBACK, 0))
-            port = sock.getsockname()[1]
+        port = free_port(LOOPBACK)
     except OSError as exc:
         return Check("loopback", "fail", f"cannot bind {LOOPBACK}:0: {exc}",
                      "bring the loopback interface up (ip link set lo up; inside a network namespace too)")
@@ -308,17 +307,6 @@ def check_default_ports() -> Check:
     return Check("default ports", "warn", detail,
                  "kvctl serve picks free ports itself; to use the defaults, stop what holds them, or give "
                  "vllm --port and mooncake_master --rpc_port/--metrics_port other values")
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """A live listener holds host:port (SO_REUSEADDR: TIME_WAIT leftovers do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def _holder(port: int) -> str | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import httpx
 
 from kvctl.errors import KvctlError
 from kvctl.http_base import HttpClientBase
+from kvctl.ports import free_port, port_in_use
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_START_TIMEOUT = 20.0
@@ -224,26 +224,6 @@ def find_master_executable() -> str:
         return on_path
     raise MasterError(f"{MASTER_EXECUTABLE} not found next to {sys.executable} nor on PATH",
                       INSTALL_HINT + " (or pass the executable path)")
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port free on `host` right now (bind port 0, read it, release it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # SO_REUSEADDR: ignore TIME_WAIT leftovers, fail only on a live listener.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def _join_host_port(host: str, port: int) -> str:
@@ -456,7 +436,7 @@ class MasterProcess:
     def _busy_ports(self) -> list[int]:
         """Our ports that another process holds (meaningful once our master has exited)."""
         ports = [p for p in (self.rpc_port, self.metrics_port) if p is not None]
-        return [p for p in ports if _port_in_use(self.host, p)]
+        return [p for p in ports if port_in_use(self.host, p)]
 
     def stop(self, grace: float = DEFAULT_STOP_GRACE) -> int | None:
         """SIGTERM, then SIGKILL after `grace` seconds. Returns the exit code. Idempotent."""

@@ -19,6 +19,7 @@ from typing import Any
 from kvctl import __version__, procs, runs
 from kvctl.compat import layout_of
 from kvctl.errors import KvctlError, UsageError
+from kvctl.ports import free_port, port_in_use
 from kvctl.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, replica_command, replica_env, \
     tensor_parallel_size
@@ -101,12 +102,12 @@ def _replica_ports(spec: ServeSpec) -> list[int]:
     if spec.base_port is None:
         ports: list[int] = []
         while len(ports) < spec.replicas:
-            port = _free_port(spec.host)
+            port = free_port(spec.host)
             if port not in ports:
                 ports.append(port)
         return ports
     ports = [spec.base_port + i for i in range(spec.replicas)]
-    busy = [p for p in ports if _port_busy(spec.host, p)]
+    busy = [p for p in ports if port_in_use(spec.host, p)]
     if busy:
         raise UsageError(f"port(s) {', '.join(map(str, busy))} on {spec.host} are in use",
                          "pick another --base-port, or leave it out to use free ports")
@@ -230,21 +231,6 @@ def _check_reachable(rpc_address: str, timeout: float = 3.0) -> None:
     except (OSError, ValueError) as exc:
         raise ServeError(f"the Mooncake master at {rpc_address} is unreachable ({exc})",
                          "start it first, check --master HOST:PORT (its RPC port), or use --master embedded") from None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _port_busy(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def _url_host(host: str) -> str:

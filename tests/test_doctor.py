@@ -18,18 +18,6 @@ from kvctl import doctor
 from kvctl.doctor import Check, check_default_ports, check_hash_seed, check_state_dir, run_checks
 
 
-def _register_commands() -> None:
-    """Until kvctl/cli/main.py registers `doctor` (the lead adds it), register it for these tests."""
-    from kvctl.cli.doctor import doctor as doctor_command
-    from kvctl.cli.main import app
-
-    if "doctor" not in {c.name for c in app.registered_commands}:
-        app.command("doctor")(doctor_command)
-
-
-_register_commands()
-
-
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("KVCTL_VLLM_PYTHON", raising=False)

@@ -268,7 +268,7 @@ def test_table_output(doubles: DoubleFleet, cli) -> None:
     replica = VllmDouble("0.32.0+cpu", connector=None, name="a")
     result = cli("reset", "--url", doubles.add(replica))
     assert result.exit_code == 0
-    assert "prefix cache" in result.stdout and "1/1 replica(s) hard-reset" in result.stdout
+    assert "prefix cache" in result.stdout and "1/1 replica(s) reset (local caches only" in result.stdout
 
 
 def test_python_api_raises_when_asked(doubles: DoubleFleet) -> None:

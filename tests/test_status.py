@@ -29,18 +29,6 @@ from .doubles import DoubleFleet, Faults, MasterDouble, SharedStore, VllmDouble
 WORDS = 40  # 2 full blocks of 16 tokens; a repeat hits (40 - 1) // 16 = 2 blocks = 32 tokens
 
 
-def _register_commands() -> None:
-    """Until kvctl/cli/main.py registers `status` (the lead adds it), register it for these tests."""
-    from kvctl.cli.main import app
-    from kvctl.cli.status import status
-
-    if "status" not in {c.name for c in app.registered_commands}:
-        app.command("status")(status)
-
-
-_register_commands()
-
-
 @pytest.fixture(autouse=True)
 def _no_ambient_targets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("KVCTL_URLS", raising=False)

@@ -1,0 +1,114 @@
+"""Workload 2, fan-out: `kvctl reset --connector` over N replicas, against a sequential loop of the
+same calls (a shell script with curl) and against the limit (one reset's latency).
+
+The replicas are HTTP TEST DOUBLES of vLLM 0.23.0 with MooncakeStoreConnector (so kvctl plans
+reset_external=true and no master clear), served on loopback by ONE separate process
+(benchmarks/fleet_server.py); each /reset_prefix_cache takes a fixed server-side delay.
+"""
+
+from __future__ import annotations
+
+import http.client
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from benchmarks.common import Helper, kvctl_json, log, repeat, run_timed, summarize
+
+RESET_PATH = "/reset_prefix_cache?reset_running_requests=false&reset_external=true"
+# The calls kvctl sends to a vLLM >= 0.16 replica with --connector (pause is on by default), in order.
+SCRIPT = """#!/usr/bin/env bash
+# What a shell script does: the same calls, one replica after the other.
+set -eu
+while read -r u; do
+  curl -sf -o /dev/null -X POST "$u/pause?mode=wait"
+  curl -sf -o /dev/null -X POST "$u{reset}"
+  curl -sf -o /dev/null -X POST "$u/reset_mm_cache"
+  curl -sf -o /dev/null -X POST "$u/reset_encoder_cache"
+  curl -sf -o /dev/null -X POST "$u/resume"
+done < "$1"
+""".replace("{reset}", RESET_PATH)
+
+
+def single_reset_latency(url: str, reps: int) -> list[float]:
+    """The limit: one POST /reset_prefix_cache on a kept-alive connection (no process start)."""
+    parsed = urlparse(url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+
+    def once() -> float:
+        start = time.perf_counter()
+        conn.request("POST", RESET_PATH)
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"reset answered {response.status}")
+        return time.perf_counter() - start
+
+    try:
+        return repeat(once, reps, warmup=2)
+    finally:
+        conn.close()
+
+
+def kvctl_fanout(inventory: Path, n: int, concurrency: int, reps: int) -> dict[str, Any]:
+    walls, totals, rss = [], [], []
+
+    def once() -> float:
+        result, receipt = kvctl_json(["reset", "--inventory", str(inventory), "--connector",
+                                      "--concurrency", str(concurrency)], timeout=900)
+        reset = sum(1 for r in receipt["replicas"] if r["reset"])
+        if not receipt["ok"] or reset != n or receipt["plan"]["master_clear"]:
+            raise RuntimeError(f"kvctl reset over {n} replicas: {receipt['summary']}")
+        walls.append(result.wall_s)
+        totals.append(receipt["total_s"])
+        rss.append(result.maxrss_kb / 1024)
+        return result.wall_s
+
+    repeat(once, reps, warmup=1)
+    keep = slice(-reps, None)  # drop the warm-up
+    return {"n": n, "concurrency": concurrency, "process_s": summarize(walls[keep]),
+            "total_s": summarize(totals[keep]), "peak_rss_mib": summarize(rss[keep])}
+
+
+def sequential_loop(inventory: Path, workdir: Path, reps: int) -> dict[str, Any]:
+    urls = [r["url"] for r in yaml.safe_load(inventory.read_text())["replicas"]]
+    url_file = workdir / f"urls-{len(urls)}.txt"
+    url_file.write_text("\n".join(urls) + "\n")
+    script = workdir / "sequential_reset.sh"
+    script.write_text(SCRIPT)
+    samples = repeat(lambda: run_timed(["bash", str(script), str(url_file)], timeout=3600).wall_s,
+                     reps, warmup=0 if len(urls) > 64 else 1)
+    return {"n": len(urls), "process_s": summarize(samples)}
+
+
+def run(sizes: list[int], concurrencies: list[int], reps: int, seq_reps: dict[int, int], delay: float,
+        single_reps: int = 20) -> dict[str, Any]:
+    """All fan-out measurements against one fleet process serving max(sizes) doubles."""
+    with tempfile.TemporaryDirectory(prefix="kvctl-bench-fanout-") as tmp:
+        work = Path(tmp)
+        log(f"fan-out: starting {max(sizes)} vLLM doubles (delay {delay * 1000:.0f} ms) in a separate process")
+        with Helper("fleet_server.py", "--replicas", str(max(sizes)), "--out", str(work),
+                    "--sizes", ",".join(map(str, sizes)), "--delay", str(delay)) as fleet:
+            first_url = fleet.ready[0]
+            single = single_reset_latency(first_url, single_reps)
+            log(f"fan-out: one reset call {sorted(single)[len(single) // 2] * 1000:.1f} ms")
+            kvctl_rows, seq_rows = [], []
+            for n in sizes:
+                inventory = work / f"inventory-{n}.yaml"
+                for c in concurrencies:
+                    row = kvctl_fanout(inventory, n, c, reps)
+                    kvctl_rows.append(row)
+                    log(f"fan-out: kvctl N={n} concurrency={c}: total {row['total_s']['stats']['median']:.3f} s, "
+                        f"process {row['process_s']['stats']['median']:.3f} s, "
+                        f"peak RSS {row['peak_rss_mib']['stats']['median']:.0f} MiB")
+                if seq_reps.get(n, 0) > 0:
+                    row = sequential_loop(inventory, work, seq_reps[n])
+                    seq_rows.append(row)
+                    log(f"fan-out: sequential curl loop N={n}: {row['process_s']['stats']['median']:.2f} s")
+    return {"delay_s": delay, "sizes": sizes, "concurrencies": concurrencies,
+            "single_reset_s": summarize(single), "kvctl": kvctl_rows, "sequential": seq_rows,
+            "sequential_script": SCRIPT}

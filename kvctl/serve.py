@@ -83,6 +83,7 @@ def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
                        parameters={}, model=spec.model, host=spec.host, vllm=install.to_dict(), master=None,
                        kvctl_version=__version__)
     try:
+        record.save()  # the run folder and its record exist before anything starts
         record.master = _start_master(spec, run_dir, record, emit)
         bundle = _render(spec, install, record, run_dir)
         _start_replicas(spec, install, bundle, ports, record, emit)

@@ -8,11 +8,13 @@ target interpreter.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,10 +95,11 @@ def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str
     env = {**base, **bundle_env}
     # kvctl reset, pause and server_info need the dev routes, whatever a template says
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    for key, sub in (("VLLM_CACHE_ROOT", "cache"), ("VLLM_RPC_BASE_PATH", "rpc"), ("TMPDIR", "tmp")):
+    for key, sub in (("VLLM_CACHE_ROOT", "cache"), ("TMPDIR", "tmp")):
         folder = private_dir / sub
-        folder.mkdir(parents=True, exist_ok=True)  # must exist before start (ZMQ ipc paths)
+        folder.mkdir(parents=True, exist_ok=True)
         env[key] = str(folder)
+    env["VLLM_RPC_BASE_PATH"] = str(rpc_dir(private_dir))
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
     if is_loopback(host):
@@ -108,6 +111,16 @@ def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
+
+
+def rpc_dir(private_dir: Path) -> Path:
+    """A short private folder for vLLM's ZMQ ipc sockets. It must exist before start, and
+    `<folder>/<uuid>` must fit a unix socket path (107 bytes), which a run folder deep in a home
+    or temp tree does not: so a fixed-length name under the temp dir, derived from the replica."""
+    digest = hashlib.sha1(str(private_dir.resolve()).encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / f"kvctl-rpc-{digest}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
 
 
 def gpu_ids(base: dict[str, str]) -> list[str]:

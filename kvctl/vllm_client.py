@@ -21,6 +21,7 @@ from kvctl.http_base import HttpClientBase
 from kvctl.versions import version_from_server_payload
 
 DEFAULT_TIMEOUT = 10.0
+SERVER_INFO_TIMEOUT = 90.0
 DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (reset, pause and server_info routes exist only in dev mode)"
 
 
@@ -133,8 +134,19 @@ class VllmClient(HttpClientBase):
         return parse_vllm_metrics(await self.metrics_text())
 
     async def server_info(self) -> dict[str, Any]:
-        """GET /server_info?config_format=json (dev mode, 0.13+): {"vllm_config": {...}}."""
-        return await self._get_json("/server_info", config_format="json")
+        """GET /server_info?config_format=json (dev mode, 0.13+): {"vllm_config": {...}}.
+
+        Its first answer can take long: vLLM 0.32 also collects system info (collect_env) for it,
+        seen taking over 10 s on a busy 2-core machine; so a longer timeout, and no retry storm.
+        """
+        outcome = await self.call("GET", "/server_info", params={"config_format": "json"}, retries=0,
+                                  timeout=max(self.timeout, SERVER_INFO_TIMEOUT))
+        if not outcome.ok:
+            hint = DEV_MODE_HINT if outcome.status == 404 else "check the URL and that the server is up"
+            raise ServerError(f"{outcome.url}: {outcome.error}", hint)
+        if not isinstance(outcome.body, dict):
+            raise ServerError(f"{outcome.url}: answer is not a JSON object: {str(outcome.body)[:200]!r}")
+        return outcome.body
 
     async def kv_transfer_config(self) -> dict[str, Any] | None:
         """The kv_transfer_config the server runs with (None: no connector)."""

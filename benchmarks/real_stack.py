@@ -239,8 +239,24 @@ def ttft(run: KvctlRun, model: str, reps: int) -> dict[str, Any]:
 
 
 # -- the workload ----------------------------------------------------------------------------------
+def ttft_on(vllm_python: str, model: str, state: Path, reps: int) -> dict[str, Any]:
+    """TTFT on a fleet of its own (`kvctl serve` of `model`, one replica)."""
+    seconds, kvrun = kvctl_serve(vllm_python, model, state, "bench-ttft")
+    log(f"real stack: kvctl serve of {Path(model).name} healthy after {seconds:.1f} s")
+    try:
+        out = ttft(kvrun, model, reps)
+    finally:
+        kvrun.stop()
+    marker = Path(model) / "kvctl_tiny_model.json"
+    if marker.is_file():
+        shape = json.loads(marker.read_text())
+        out["model_shape"] = {k: shape.get(k) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")}
+    out["model"] = Path(model).name
+    return out
+
+
 def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_reps: int,
-        ttft_reps: int) -> dict[str, Any]:
+        ttft_reps: int, ttft_model: str | None = None) -> dict[str, Any]:
     from kvctl.vllm_launch import find_vllm
 
     install = find_vllm(vllm_python)
@@ -262,6 +278,7 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
                         if i == 0:  # measure the resets and TTFT on the first fleet
                             result["reset"] = reset_latency(kvrun, reset_reps, verify_reps, work)
                             result["ttft"] = ttft(kvrun, model, ttft_reps)
+                            result["ttft"]["model"] = Path(model).name
                     finally:
                         kvrun.stop()
                 else:
@@ -269,6 +286,8 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
                         bare.append(times)
                     log(f"real stack: bare master + vLLM healthy after {times['total_s']:.1f} s "
                         f"(master {times['master_s']:.2f} s)")
+        if ttft_model:
+            result["ttft_small"] = ttft_on(vllm_python, ttft_model, state, ttft_reps)
     result["serve"] = {"kvctl_s": summarize(serve_s), "bare_total_s": summarize([b["total_s"] for b in bare]),
                        "bare_replica_s": summarize([b["replica_s"] for b in bare]),
                        "bare_master_s": summarize([b["master_s"] for b in bare]), "order": order}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--doc", type=Path, default=report.DOC)
     parser.add_argument("--report-only", action="store_true", help="re-render the doc from --results")
+    parser.add_argument("--no-ttft-model", action="store_true",
+                        help="measure TTFT on the tiny model only (skip the ~85 M-parameter one)")
     parser.add_argument("--max-wait", type=float, default=3600, help="seconds to wait for other vLLM servers to end")
     return parser.parse_args(argv)
 
@@ -73,9 +76,22 @@ def run_workloads(args: argparse.Namespace, results: dict[str, Any]) -> None:
         if not (args.vllm_python and args.model):
             log("real stack skipped: pass --vllm-python and --model (make bench does)")
             return
+        ttft_model = None if args.no_ttft_model else make_ttft_model(args.vllm_python, Path(args.model))
         waited = wait_for_quiet_machine(args.max_wait)
         results["machine"]["waited_for_other_vllm_s"] = round(waited, 1)
-        results["real_stack"] = real_stack.run(args.vllm_python, args.model, **cfg["real_stack"])
+        results["real_stack"] = real_stack.run(args.vllm_python, args.model, ttft_model=ttft_model,
+                                               **cfg["real_stack"])
+
+
+def make_ttft_model(vllm_python: str, model: Path) -> str:
+    """The ~85 M-parameter random Llama for the TTFT workload, beside the tiny model (made once)."""
+    out = model.parent / "bench-llama-85m"
+    log(f"making (once) the TTFT model {out}")
+    done = subprocess.run([vllm_python, str(ROOT / "benchmarks" / "make_ttft_model.py"), str(out)],
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"make_ttft_model.py failed:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 def main(argv: list[str] | None = None) -> int:

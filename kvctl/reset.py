@@ -352,7 +352,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: httpx.AsyncClie
 
     async def prime(rp: ReplicaPlan) -> None:
         async with _client(by_name[rp.name], opts, http) as client:
-            canaries[rp.name] = await _Canary.prime(client, rp, opts)
+            canaries[rp.name] = await _Canary.prime(client, opts)
 
     async def run_phase(rp: ReplicaPlan, names: tuple[str, ...]) -> None:
         async with _client(by_name[rp.name], opts, http) as client:
@@ -506,13 +506,22 @@ class _Canary:
     timeout: float = CANARY_TIMEOUT
 
     @classmethod
-    async def prime(cls, client: VllmClient, rp: ReplicaPlan, opts: ResetOptions) -> _Canary:
+    async def prime(cls, client: VllmClient, opts: ResetOptions) -> _Canary:
+        """Cache a fresh canary on the replica. Before the reset a failed attempt is harmless, so a
+        second attempt uses a new prompt (never the same one: see `complete`)."""
+        canary = await cls._prime_once(client, opts)
+        if canary.error and canary.signal == "none":
+            canary = await cls._prime_once(client, opts)
+        return canary
+
+    @classmethod
+    async def _prime_once(cls, client: VllmClient, opts: ResetOptions) -> _Canary:
+        timeout = max(opts.timeout, CANARY_TIMEOUT)
         try:
             model = (await client.models())[0]
             metrics = await client.metrics()
             block = metrics.block_size or FALLBACK_BLOCK_SIZE
             prompt, tokens = await _canary_prompt(client, model, block)
-            timeout = max(opts.timeout, CANARY_TIMEOUT)
             first = await client.complete(model, prompt, timeout=timeout)
             if not first.ok:
                 return cls(model, prompt, tokens, "none", None, f"canary request failed: {first.error}", timeout)
@@ -521,6 +530,8 @@ class _Canary:
             after = (await client.metrics()).counters
         except (ServerError, IndexError, KeyError, ValueError) as exc:
             return cls("", "", None, "none", None, f"could not prime the canary: {exc}")
+        if not second.ok:
+            return cls(model, prompt, tokens, "none", None, f"canary request failed: {second.error}", timeout)
         cached = _cached_tokens(second)
         if cached is not None:
             return cls(model, prompt, tokens, "cached_tokens", cached,

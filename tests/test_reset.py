@@ -294,3 +294,34 @@ def test_inventory_replica_names(doubles: DoubleFleet, tmp_path) -> None:
     inv.write_text(f"replicas: [{{url: '{url}', name: trainer-0}}]\n")
     receipt = kvctl.hard_reset(inventory=inv, connector=False)
     assert receipt.replicas[0].name == "trainer-0" and receipt.ok
+
+
+def test_a_failed_canary_prime_is_tried_once_more_with_a_new_prompt(doubles: DoubleFleet) -> None:
+    store = SharedStore()
+    replica = VllmDouble("0.32.0+cpu", store=store, faults=Faults(fail_first={"/v1/completions": 1}))
+    url, master = doubles.add(replica), doubles.add_master(MasterDouble(store))
+    receipt = reset([url], master, connector=True, verify=True, retries=0)
+    assert receipt.exit_code == 0, receipt.summary
+    prompts = [c.body["prompt"] for c in replica.calls_to("/v1/completions")]
+    assert len(prompts) == 4 and prompts[0] != prompts[1]  # failed attempt, then a new canary
+    assert prompts[1] == prompts[2] == prompts[3]  # primed twice, checked once: never re-sent after the reset
+
+
+def test_a_failed_canary_check_is_inconclusive_not_retried(doubles: DoubleFleet) -> None:
+    store = SharedStore()
+    replica = VllmDouble("0.32.0+cpu", store=store)
+    url, master = doubles.add(replica), doubles.add_master(MasterDouble(store))
+    original = replica._h_completions
+    sent = []
+
+    async def fail_after_reset(request, call):  # noqa: ANN001 - the double's handler signature
+        sent.append(call)
+        if replica.calls_to("/reset_prefix_cache"):
+            return replica._error(500, "engine failure", "InternalServerError")
+        return await original(request, call)
+
+    replica._h_completions = fail_after_reset
+    receipt = reset([url], master, connector=True, verify=True, retries=2)
+    assert receipt.exit_code == 1
+    assert "inconclusive" in receipt.replicas[0].canary.error
+    assert len(sent) == 3  # two primes, one check: the check is never retried

@@ -59,9 +59,12 @@ class KvctlRun:
         run_timed([*KVCTL, "stop", "--run", self.name, "--state-dir", str(self.state)], timeout=120, check=False)
 
 
-def kvctl_serve(vllm_python: str, model: str, state: Path, name: str) -> tuple[float, KvctlRun]:
-    """`kvctl serve --detach` as a process: it returns once the replica is healthy."""
+def kvctl_serve(vllm_python: str, model: str, state: Path, name: str) -> tuple[float, KvctlRun, float]:
+    """`kvctl serve --detach` as a process: it returns once the replica is healthy. Returns the
+    wall time, the run, and the seconds from spawning kvctl to kvctl spawning the replica (kvctl's
+    own work before vLLM starts: its start-up, probing the vLLM env, the master, the config)."""
     run = KvctlRun(name, state)
+    spawned = time.time()
     try:
         result = run_timed([*KVCTL, "serve", model, "--replicas", "1", "--detach", "--name", name,
                             "--vllm-python", vllm_python, "--state-dir", str(state), "--health-timeout",
@@ -71,8 +74,10 @@ def kvctl_serve(vllm_python: str, model: str, state: Path, name: str) -> tuple[f
         raise
     from kvctl import runs
 
-    run.url = runs.load(name, state).replicas[0].url
-    return result.wall_s, run
+    replica = runs.load(name, state).replicas[0]
+    run.url = replica.url
+    prelaunch = (replica.process.start_time - spawned) if replica.process else float("nan")
+    return result.wall_s, run, prelaunch
 
 
 @contextmanager
@@ -241,7 +246,7 @@ def ttft(run: KvctlRun, model: str, reps: int) -> dict[str, Any]:
 # -- the workload ----------------------------------------------------------------------------------
 def ttft_on(vllm_python: str, model: str, state: Path, reps: int) -> dict[str, Any]:
     """TTFT on a fleet of its own (`kvctl serve` of `model`, one replica)."""
-    seconds, kvrun = kvctl_serve(vllm_python, model, state, "bench-ttft")
+    seconds, kvrun, _ = kvctl_serve(vllm_python, model, state, "bench-ttft")
     log(f"real stack: kvctl serve of {Path(model).name} healthy after {seconds:.1f} s")
     try:
         out = ttft(kvrun, model, reps)
@@ -263,6 +268,7 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
     # ABBA order (kvctl, bare, bare, kvctl, ...) so a drift of the machine favours neither side
     order = [("kvctl", "bare") if i % 2 == 0 else ("bare", "kvctl") for i in range(serve_reps)]
     serve_s: list[float] = []
+    prelaunch_s: list[float] = []
     bare: list[dict[str, float]] = []
     result: dict[str, Any] = {"vllm": install.to_dict(), "model": model, "vllm_args": VLLM_ARGS}
     with tempfile.TemporaryDirectory(prefix="kvctl-bench-real-") as tmp:
@@ -271,9 +277,11 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
         for i, pair in enumerate(order):
             for side in pair:
                 if side == "kvctl":
-                    seconds, kvrun = kvctl_serve(vllm_python, model, state, f"bench-{i}")
+                    seconds, kvrun, prelaunch = kvctl_serve(vllm_python, model, state, f"bench-{i}")
                     serve_s.append(seconds)
-                    log(f"real stack: kvctl serve healthy after {seconds:.1f} s")
+                    prelaunch_s.append(prelaunch)
+                    log(f"real stack: kvctl serve healthy after {seconds:.1f} s (replica spawned after "
+                        f"{prelaunch:.2f} s)")
                     try:
                         if i == 0:  # measure the resets and TTFT on the first fleet
                             result["reset"] = reset_latency(kvrun, reset_reps, verify_reps, work)
@@ -288,7 +296,7 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
                         f"(master {times['master_s']:.2f} s)")
         if ttft_model:
             result["ttft_small"] = ttft_on(vllm_python, ttft_model, state, ttft_reps)
-    result["serve"] = {"kvctl_s": summarize(serve_s), "bare_total_s": summarize([b["total_s"] for b in bare]),
+    result["serve"] = {"kvctl_s": summarize(serve_s), "kvctl_prelaunch_s": summarize(prelaunch_s), "bare_total_s": summarize([b["total_s"] for b in bare]),
                        "bare_replica_s": summarize([b["replica_s"] for b in bare]),
                        "bare_master_s": summarize([b["master_s"] for b in bare]), "order": order}
     return result

@@ -115,7 +115,10 @@ def master_table(mc: dict[str, Any]) -> str:
 def serve_table(rs: dict[str, Any]) -> str:
     s = rs["serve"]
     over = med(s["kvctl_s"]) / med(s["bare_total_s"]) - 1
+    pre = s.get("kvctl_prelaunch_s")
     rows = [["`kvctl serve --detach` (process: master, config, replica, healthy)", cell(s["kvctl_s"]), ""],
+            ["  of which kvctl's work before vLLM starts (spawn of kvctl to spawn of the replica)", cell(pre),
+             f"{med(pre) / med(s['kvctl_s']) * 100:.1f}% of the start" if pre else ""],
             ["bare: master + `python -m vllm.entrypoints.openai.api_server` to healthy", cell(s["bare_total_s"]),
              f"kvctl overhead {over * 100:+.1f}%"],
             ["  of which the master", cell(s["bare_master_s"]), ""],

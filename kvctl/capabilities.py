@@ -44,9 +44,9 @@ class Span:
         """Where `version` falls: before `since`, inside, at/after `until`, or never present."""
         if self.never:
             return "never"
-        if self.since is not None and version < Version(self.since):
+        if self.since is not None and version < _version(self.since):
             return "before"
-        if self.until is not None and version >= Version(self.until):
+        if self.until is not None and version >= _version(self.until):
             return "after"
         return "inside"
 
@@ -165,6 +165,12 @@ class CapabilityTable:
         """True for releases after the newest one the facts were checked against."""
         v = parse_version(version)
         return Version(".".join(map(str, v.release))) > self.newest_known
+
+
+@lru_cache(maxsize=None)
+def _version(text: str) -> Version:
+    """Bounds of the table, parsed once (planning a 1024-replica fleet asks thousands of times)."""
+    return Version(text)
 
 
 def _str(value: Any) -> str | None:

@@ -7,6 +7,7 @@ GET /version.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
@@ -23,9 +24,12 @@ def parse_version(text: str | Version) -> Version:
     Comparison follows PEP 440: a local label (`+cpu`) is ignored, and a dev build of 0.24.0
     sorts before 0.24.0, so it is credited only with what 0.23.x had (the safe side).
     """
-    if isinstance(text, Version):
-        return text
-    cleaned = str(text).strip()
+    return text if isinstance(text, Version) else _parse(str(text))
+
+
+@lru_cache(maxsize=1024)  # a fleet's replicas mostly share a handful of version strings
+def _parse(text: str) -> Version:
+    cleaned = text.strip()
     try:
         return Version(cleaned)
     except InvalidVersion:

@@ -48,7 +48,7 @@ docs: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info
 
-# Speed and scale of kvctl against the alternatives (~20 min; not part of `make test`): writes
+# Speed and scale of kvctl against the alternatives (~15 min here; not part of `make test`): writes
 # benchmarks/results.json, docs/performance.md and docs/performance.png. BENCH_ARGS=--quick for a short run.
 BENCH_ARGS ?=
 .PHONY: bench

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import KVCTL, Helper, log, repeat, run_timed, summarize
+from benchmarks.common import KVCTL, PY, Helper, log, repeat, run_timed, summarize
 
 
 def measure(label: str, cmd: list[str], reps: int, warmup: int, expect_ok: bool = True) -> dict[str, Any]:
@@ -36,6 +36,9 @@ def run(vllm_python: str | None, reps: int, vllm_reps: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvctl-bench-cold-") as tmp, \
             Helper("fleet_server.py", "--replicas", "1", "--out", tmp) as fleet:
         url = fleet.ready[0]
+        # where a kvctl command's time goes: the interpreter alone, then importing the CLI
+        rows.append(measure("python -c pass", [PY, "-c", "pass"], reps, 2))
+        rows.append(measure("python -c \"import kvctl.cli.main\"", [PY, "-c", "import kvctl.cli.main"], reps, 2))
         rows.append(measure("kvctl --help", [*KVCTL, "--help"], reps, 2))
         rows.append(measure("kvctl compat check", [*KVCTL, "compat", "check", "--vllm-version", "0.23.0",
                                                    "--template", "mooncake-store"], reps, 2))

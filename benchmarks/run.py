@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--doc", type=Path, default=report.DOC)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other workloads' results already in --results (with --only)")
     parser.add_argument("--report-only", action="store_true", help="re-render the doc from --results")
     parser.add_argument("--no-ttft-model", action="store_true",
                         help="measure TTFT on the tiny model only (skip the ~85 M-parameter one)")
@@ -100,13 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(args.results.read_text())
     else:
         began = time.perf_counter()
-        results = {"machine": machine.describe(args.vllm_python)}
-        results["machine"]["mode"] = "quick" if args.quick else "full"
-        results["machine"]["command"] = "make bench" + (" BENCH_ARGS=--quick" if args.quick else "")
+        results = json.loads(args.results.read_text()) if args.merge and args.results.exists() else {}
+        if args.merge and "machine" in results:
+            results["machine"].setdefault("merged", []).append(
+                {"workloads": args.only, "at": machine.describe(None)["date"]})
+        else:
+            results["machine"] = machine.describe(args.vllm_python)
+            results["machine"]["mode"] = "quick" if args.quick else "full"
+            results["machine"]["command"] = "make bench" + (" BENCH_ARGS=--quick" if args.quick else "")
         try:
             run_workloads(args, results)
         finally:
-            results["machine"]["elapsed_s"] = round(time.perf_counter() - began, 1)
+            if not args.merge:
+                results["machine"]["elapsed_s"] = round(time.perf_counter() - began, 1)
             results["targets"] = report.targets(results)
             args.results.write_text(json.dumps(results, indent=1) + "\n")
             log(f"wrote {args.results}")

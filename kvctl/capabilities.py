@@ -185,7 +185,7 @@ def _span(row: dict[str, Any]) -> Span:
 def table() -> CapabilityTable:
     """The shipped capability table (parsed once per process)."""
     text = resources.files("kvctl").joinpath("data/capabilities.yaml").read_text("utf-8")
-    return CapabilityTable(yaml.safe_load(text))
+    return CapabilityTable(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # noqa: S506
 
 
 def default_target_version() -> tuple[Version, str]:

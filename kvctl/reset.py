@@ -367,9 +367,9 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
             await each(lambda rp: run_phase(rp, ("pause",)))
         await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
         if master is not None and plan.master_clear:
-            await _clear_master(master, opts)
+            await _clear_master(master, opts, http)
         if master is not None and opts.verify:
-            await _count_master_keys(master, opts)
+            await _count_master_keys(master, opts, http)
     finally:
         if opts.pausing:
             await asyncio.shield(each(lambda rp: run_phase(rp, ("resume",))))
@@ -402,11 +402,12 @@ async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp) -> OpResul
                     outcome.attempts, error, detail)
 
 
-async def _clear_master(master: MasterReceipt, opts: ResetOptions) -> None:
-    from kvctl.mooncake_master import MasterAdmin, MasterError
+async def _clear_master(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
+    from kvctl.mooncake_master import MasterAdmin, MasterError, admin_base_url
 
     started = time.perf_counter()
-    async with MasterAdmin(master.address, timeout=opts.timeout) as admin:
+    client = http.client(admin_base_url(master.address))
+    async with MasterAdmin(master.address, timeout=opts.timeout, client=client) as admin:
         try:
             master.removed_count = await admin.remove_all(force=True)
             master.clear = OpResult("master_clear", "ok", 200, round(time.perf_counter() - started, 6), 1,
@@ -417,10 +418,11 @@ async def _clear_master(master: MasterReceipt, opts: ResetOptions) -> None:
             master.error = exc.message
 
 
-async def _count_master_keys(master: MasterReceipt, opts: ResetOptions) -> None:
-    from kvctl.mooncake_master import MasterAdmin, MasterError
+async def _count_master_keys(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
+    from kvctl.mooncake_master import MasterAdmin, MasterError, admin_base_url
 
-    async with MasterAdmin(master.address, timeout=opts.timeout) as admin:
+    client = http.client(admin_base_url(master.address))
+    async with MasterAdmin(master.address, timeout=opts.timeout, client=client) as admin:
         try:
             master.keys_after = await admin.key_count(key_prefix(master.cache_prefix))
         except MasterError as exc:
@@ -614,16 +616,23 @@ class HttpPool:
 
     def __init__(self, options: ResetOptions) -> None:
         self._timeout = options.timeout
-        self._ssl = httpx.create_ssl_context()
+        self._ssl: Any = None  # built on the first https URL (loading the CA bundle costs ~30 ms)
         self._clients: dict[str, httpx.AsyncClient] = {}
 
     def client(self, url: str) -> httpx.AsyncClient:
         found = self._clients.get(url)
         if found is None:
             found = self._clients[url] = httpx.AsyncClient(
-                timeout=self._timeout, verify=self._ssl,
+                timeout=self._timeout, verify=self._verify(url),
                 limits=httpx.Limits(max_connections=4, max_keepalive_connections=1))
         return found
+
+    def _verify(self, url: str) -> Any:
+        if not url.startswith("https:"):
+            return False  # plain http: no TLS, so no certificates to load
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
+        return self._ssl
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self._clients.values()))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
-from benchmarks.common import KVCTL, kvctl_json, log, run_timed, summarize
+from benchmarks.common import KVCTL, foreign_vllm_pids, kvctl_json, log, run_timed, summarize
 
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
 # ~216 tokens with the tiny tokenizer: one full KV block (128 tokens on the CPU) plus a partial one
@@ -269,6 +269,7 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
     order = [("kvctl", "bare") if i % 2 == 0 else ("bare", "kvctl") for i in range(serve_reps)]
     serve_s: list[float] = []
     prelaunch_s: list[float] = []
+    disturbed: list[str] = []
     bare: list[dict[str, float]] = []
     result: dict[str, Any] = {"vllm": install.to_dict(), "model": model, "vllm_args": VLLM_ARGS}
     with tempfile.TemporaryDirectory(prefix="kvctl-bench-real-") as tmp:
@@ -276,6 +277,10 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
         state = work / "state"
         for i, pair in enumerate(order):
             for side in pair:
+                # between our starts none of ours runs: any vLLM server now is someone else's
+                if foreign_vllm_pids():
+                    disturbed.append(f"{side} start {i + 1}")
+                    log(f"real stack: another vLLM server runs on this machine during the {side} start")
                 if side == "kvctl":
                     seconds, kvrun, prelaunch = kvctl_serve(vllm_python, model, state, f"bench-{i}")
                     serve_s.append(seconds)
@@ -298,5 +303,6 @@ def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_r
             result["ttft_small"] = ttft_on(vllm_python, ttft_model, state, ttft_reps)
     result["serve"] = {"kvctl_s": summarize(serve_s), "kvctl_prelaunch_s": summarize(prelaunch_s), "bare_total_s": summarize([b["total_s"] for b in bare]),
                        "bare_replica_s": summarize([b["replica_s"] for b in bare]),
-                       "bare_master_s": summarize([b["master_s"] for b in bare]), "order": order}
+                       "bare_master_s": summarize([b["master_s"] for b in bare]), "order": order,
+                       "disturbed_by_other_vllm": disturbed}
     return result

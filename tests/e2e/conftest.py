@@ -168,6 +168,18 @@ def master_keys(admin: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+def wait_for_keys(admin: str, timeout: float = 90.0) -> list[str]:
+    """vLLM saves KV to Mooncake asynchronously (seen taking 1.3 s, and longer when a transfer
+    stalls): wait until the master lists the keys before asking another replica for them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        keys = master_keys(admin)
+        if keys:
+            return keys
+        time.sleep(0.5)
+    raise AssertionError(f"no key reached the master at {admin} within {timeout:g} s")
+
+
 def reset_local(url: str) -> None:
     """What a naive reset does: the local prefix cache only (reset_external=false)."""
     r = httpx.post(f"{url}/reset_prefix_cache", params={"reset_external": "false"}, timeout=60, trust_env=False)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from .conftest import Stack, kvctl, master_keys, probe, receipt, reset_local
+from .conftest import Stack, kvctl, master_keys, probe, receipt, reset_local, wait_for_keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -30,7 +30,7 @@ def test_stale_kv_survives_a_local_only_reset(stack: Stack) -> None:
     assert first.cached == 0
     again = probe(a, stack.model)
     assert again.cached == 128 and again.local == 128  # one full block from A's local cache
-    assert len(master_keys(stack.admin)) >= 1  # ... and stored in Mooncake
+    assert len(wait_for_keys(stack.admin)) >= 1  # ... and stored in Mooncake
     cross = probe(b, stack.model)
     assert cross.external == 128 and cross.cached == 128  # B reuses A's KV through the store
     for url in (a, b):

@@ -22,7 +22,7 @@ from kvctl import procs, runs
 from kvctl.vllm_launch import find_vllm, replica_command, replica_env
 
 from .conftest import HTTP_TIMEOUT, PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local, start_stack, \
-    stop_stack
+    stop_stack, wait_for_keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -43,6 +43,7 @@ def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_pyth
         a = stack.urls[0]
         probe(a, stack.model)  # the old-weight server stores its KV for the prompt in Mooncake
         probe(a, stack.model)
+        wait_for_keys(stack.admin)
         reset_local(c)
         stale = probe(c, stack.model, max_tokens=4)
         assert stale.external == 128  # the new-weight server loaded the old-weight block ...

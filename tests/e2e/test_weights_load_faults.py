@@ -22,7 +22,7 @@ from kvctl import procs, runs
 from kvctl.vllm_launch import find_vllm, replica_command, replica_env
 
 from .conftest import HTTP_TIMEOUT, PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local, start_stack, \
-    stop_stack, wait_for_keys
+    stop_stack, wait_for_keys, probe_external
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -45,7 +45,7 @@ def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_pyth
         probe(a, stack.model)
         wait_for_keys(stack.admin)
         reset_local(c)
-        stale = probe(c, stack.model, max_tokens=4)
+        stale = probe_external(c, stack.model, max_tokens=4)
         assert stale.external == 128  # the new-weight server loaded the old-weight block ...
         assert not _close(stale.logprobs, fresh.logprobs)  # ... and its output changed
         done = kvctl("reset", "--run", new.name, "--connector", "--verify", "--json", state=stack.state)
@@ -178,9 +178,15 @@ def test_zz_replica_then_master_killed(stack: Stack) -> None:
     procs.stop(victim.process, grace=0)
     out, err = proc.communicate(timeout=600)
     data = json.loads(out)
-    assert proc.returncode == 3, out + err
-    assert data["not_reset"] == [victim.name]
-    assert victim.name in data["summary"]
+    # exit 3 naming the victim; or exit 1 when the dead replica's Mooncake segment also made the
+    # survivor's connector reset fail ({"success": false}, seen): never success for either
+    assert proc.returncode in (1, 3), out + err
+    assert victim.name in data["not_reset"] and victim.name in data["summary"]
+    by_name = {r["name"]: r for r in data["replicas"]}
+    assert by_name[victim.name]["reset"] is False
+    for r in data["replicas"]:
+        assert r["reset"] or r["error"], r  # every replica not reset says why
+    assert (proc.returncode == 3) == (len(data["not_reset"]) == 1)
     master = stack.record.master
     procs.stop(master.process, grace=0)
     began = time.monotonic()

@@ -46,6 +46,14 @@ def hits(client: httpx.Client, url: str, model: str) -> dict[str, float]:
             "local": after["local"] - before["local"], "external": after["external"] - before["external"]}
 
 
+def wait_for_keys(client: httpx.Client, admin: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get(f"http://{admin}/get_all_keys").text.strip():
+            return
+        time.sleep(0.5)
+
+
 def counters(client: httpx.Client, url: str) -> dict[str, float]:
     from kvctl.metrics import parse_vllm_metrics
 
@@ -75,6 +83,7 @@ def main() -> int:
                 rows.append((label, replica, hits(client, url, model)))
 
             step("A, same prompt again", "A", a)
+            wait_for_keys(client, record.master.admin_address)  # vLLM saves to Mooncake asynchronously
             step("B, first time it sees the prompt", "B", b)
             kvctl("reset", "--run", name)  # local caches only: what most tools do
             step("B after a LOCAL-only reset", "B", b)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -70,6 +69,8 @@ def _version(vllm_version: str | None, url: str | None, timeout: float) -> tuple
     if vllm_version:
         return parse_version(vllm_version), "--vllm-version", None
     if url:
+        import asyncio  # lazily: --help and other commands do not need it
+
         return asyncio.run(_from_server(url, timeout))
     found = installed_vllm()
     if found is None:

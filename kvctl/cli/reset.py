@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any, Optional
 
 import typer
@@ -45,6 +44,8 @@ def reset(
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir)
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
                            pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency)
+    import asyncio  # lazily: --help and other commands do not need it
+
     receipt = asyncio.run(hard_reset_fleet(fleet, options))
     if json_out:
         from kvctl.cli import output

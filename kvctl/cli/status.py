@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -32,6 +31,8 @@ def status(
     if timeout <= 0:
         raise UsageError("--timeout must be > 0")
     targets = resolve_targets(run, url, inventory, master, state_dir)
+    import asyncio  # lazily: --help and other commands do not need it
+
     result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.master, timeout, run=targets.run))
     if json_out:
         from kvctl.cli import output

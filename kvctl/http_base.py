@@ -1,20 +1,125 @@
-"""The part every kvctl HTTP client shares: an httpx.AsyncClient it owns or borrows."""
+"""kvctl's async HTTP layer: one small httpcore connection pool per host, behind one `request`.
+
+Why httpcore rather than httpx's client: a fleet reset sends about seven calls to each of up to
+thousands of replicas, and httpx's client layer (URL model, cookies, auth, redirects, hooks) was
+~40% of kvctl's CPU per call at 1024 replicas (profiled; benchmarks/fanout.py). kvctl needs none
+of it: GET/POST, query parameters, JSON. httpcore is httpx's own transport, so connection
+handling, timeouts and TLS are the same.
+
+One pool per host, not one for all: httpcore scans a pool's idle connections on every request,
+which is quadratic across a fleet. Proxy variables (HTTP_PROXY, ...) are not used: kvctl talks to
+its replicas and masters directly, and their admin routes should never go through a proxy.
+"""
 
 from __future__ import annotations
 
-from typing import TypeVar
+import json as jsonlib
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlencode, urlsplit
 
-import httpx
+import httpcore
+
+from kvctl import __version__
 
 C = TypeVar("C", bound="HttpClientBase")
+ErrorKind = Literal["timeout", "connect", "other"]
+_USER_AGENT = f"kvctl/{__version__}".encode()
+# httpcore's failures that mean "no usable HTTP answer" (httpx calls these TransportError)
+_TRANSPORT_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
+                     httpcore.UnsupportedProtocol, httpcore.ProxyError, OSError)
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not."""
+        return jsonlib.loads(self.content)
+
+
+class TransportError(Exception):
+    """No HTTP answer: refused, unreachable, timed out, or the connection broke mid-call."""
+
+    def __init__(self, kind: ErrorKind, cause: BaseException) -> None:
+        detail = str(cause)
+        super().__init__(f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__)
+        self.kind = kind
+        self.cause_name = type(cause).__name__
+        self.detail = detail
+
+
+class HttpPool:
+    """Connection pools by host (scheme, host, port), created on first use; close with `aclose`."""
+
+    def __init__(self, max_connections_per_host: int = 4) -> None:
+        self._per_host = max_connections_per_host
+        self._pools: dict[tuple[str, str, int | None], httpcore.AsyncConnectionPool] = {}
+        self._ssl: Any = None  # built on the first https URL (loading the CA bundle costs ~30 ms)
+
+    async def request(self, method: str, url: str, *, params: dict[str, Any] | None = None,
+                      json: Any = None, headers: dict[str, str] | None = None,
+                      timeout: float = 10.0) -> HttpResponse:
+        """One request, body read in full. Raises TransportError when no HTTP answer came."""
+        if params:
+            url = f"{url}{'&' if '?' in url else '?'}{urlencode(_query_values(params))}"
+        head = [(b"User-Agent", _USER_AGENT), (b"Accept", b"*/*")]
+        head += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        content = b""
+        if json is not None:
+            content = jsonlib.dumps(json).encode()
+            head += [(b"Content-Type", b"application/json")]
+        if method != "GET":
+            head.append((b"Content-Length", str(len(content)).encode()))
+        limits = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+        try:
+            response = await self._pool(url).request(method, url, headers=head, content=content,
+                                                     extensions={"timeout": limits})
+        except _TRANSPORT_ERRORS as exc:
+            raise TransportError(_kind(exc), exc) from exc
+        return HttpResponse(response.status, response.content)
+
+    def _pool(self, url: str) -> httpcore.AsyncConnectionPool:
+        parts = urlsplit(url)
+        key = (parts.scheme, parts.hostname or "", parts.port)
+        pool = self._pools.get(key)
+        if pool is None:
+            ssl = self._ssl_context() if parts.scheme == "https" else None
+            pool = self._pools[key] = httpcore.AsyncConnectionPool(
+                ssl_context=ssl, max_connections=self._per_host, max_keepalive_connections=self._per_host)
+        return pool
+
+    def _ssl_context(self) -> Any:
+        if self._ssl is None:
+            import httpx  # its default context: certifi's CA bundle, SSL_CERT_FILE honoured
+
+            self._ssl = httpx.create_ssl_context()
+        return self._ssl
+
+    async def aclose(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
+
+    async def __aenter__(self) -> HttpPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class HttpClientBase:
-    """Owns an httpx.AsyncClient unless one is passed in (a fleet shares one pool); async context manager."""
+    """Owns an HttpPool unless one is passed in (a fleet operation shares one); async context manager."""
 
-    def __init__(self, timeout: float, client: httpx.AsyncClient | None = None) -> None:
-        self._client = client or httpx.AsyncClient(timeout=timeout)
-        self._owns_client = client is None
+    def __init__(self, pool: HttpPool | None = None) -> None:
+        self._http = pool or HttpPool()
+        self._owns_pool = pool is None
 
     async def __aenter__(self: C) -> C:
         return self
@@ -23,5 +128,21 @@ class HttpClientBase:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        if self._owns_pool:
+            await self._http.aclose()
+
+
+def _kind(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, httpcore.TimeoutException):
+        return "timeout"
+    if isinstance(exc, (httpcore.ConnectError, ConnectionError)):
+        return "connect"
+    return "other"
+
+
+def _query_values(params: dict[str, Any]) -> dict[str, str]:
+    """Booleans as vLLM's FastAPI routes expect them (true/false), everything else as str."""
+    return {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in params.items()}
+
+
+__all__ = ["HttpClientBase", "HttpPool", "HttpResponse", "TransportError"]

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
 
 from kvctl.errors import KvctlError
-from kvctl.http_base import HttpClientBase
+from kvctl.http_base import HttpClientBase, HttpPool, HttpResponse, TransportError
 from kvctl.ports import free_port, port_in_use
 
 DEFAULT_TIMEOUT = 5.0
@@ -104,15 +103,15 @@ def parse_metrics(text: str) -> MasterMetrics:
 class MasterAdmin(HttpClientBase):
     """Async client for a Mooncake master's admin/metrics HTTP port.
 
-    `address` is `host:port` of that port (or a URL). Pass `client` to share an
-    httpx.AsyncClient (then it is not closed by `aclose`). Every failure raises MasterError.
+    `address` is `host:port` of that port (or a URL). Pass `pool` to share a kvctl HttpPool
+    (then it is not closed by `aclose`). Every failure raises MasterError.
     """
 
     def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT,
-                 client: httpx.AsyncClient | None = None) -> None:
+                 pool: HttpPool | None = None) -> None:
         self.base_url = admin_base_url(address)
         self.timeout = timeout
-        super().__init__(timeout, client)
+        super().__init__(pool)
 
     def __repr__(self) -> str:
         return f"MasterAdmin({self.base_url!r})"
@@ -120,26 +119,23 @@ class MasterAdmin(HttpClientBase):
     def _error(self, what: str, hint: str | None = _ADMIN_HINT) -> MasterError:
         return MasterError(f"Mooncake master at {self.base_url}: {what}", hint)
 
-    async def _request(self, method: str, path: str, **params: Any) -> httpx.Response:
+    async def _request(self, method: str, path: str, **params: Any) -> HttpResponse:
         url = f"{self.base_url}{path}"
         try:
-            response = await self._client.request(method, url, params=params or None,
-                                                  timeout=self.timeout)
-        except httpx.TimeoutException as exc:
-            raise self._error(f"{method} {path}: no answer within {self.timeout:g}s "
-                              f"({type(exc).__name__})") from None
-        except httpx.HTTPError as exc:
-            detail = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            raise self._error(f"{method} {path}: {detail}") from None
-        return response
+            return await self._http.request(method, url, params=params or None, timeout=self.timeout)
+        except TransportError as exc:
+            if exc.kind == "timeout":
+                raise self._error(f"{method} {path}: no answer within {self.timeout:g}s "
+                                  f"({exc.cause_name})") from None
+            raise self._error(f"{method} {path}: {exc}") from None
 
-    def _check_status(self, response: httpx.Response, method: str, path: str,
+    def _check_status(self, response: HttpResponse, method: str, path: str,
                       hint: str | None = _ADMIN_HINT) -> None:
-        if response.status_code != 200:
-            raise self._error(f"{method} {path}: HTTP {response.status_code}: "
+        if response.status != 200:
+            raise self._error(f"{method} {path}: HTTP {response.status}: "
                               f"{response.text[:200]!r}", hint)
 
-    def _json(self, response: httpx.Response, method: str, path: str) -> Any:
+    def _json(self, response: HttpResponse, method: str, path: str) -> Any:
         try:
             return response.json()
         except ValueError:
@@ -192,7 +188,7 @@ class MasterAdmin(HttpClientBase):
         """
         path = "/api/v1/remove_all"
         response = await self._request("POST", path, force="true" if force else "false")
-        if response.status_code == 404:
+        if response.status == 404:
             raise self._error(f"POST {path}: HTTP 404: this master has no HTTP remove_all",
                               "upgrade mooncake_master, or clear the store with the Python "
                               "client's MooncakeDistributedStore.remove_all(force=True)")
@@ -400,6 +396,8 @@ class MasterProcess:
         began = time.monotonic()
         deadline = began + timeout
         url = f"{self.admin_url}/health"
+        import httpx  # a blocking poll while starting the master; the async layer is http_base
+
         # trust_env=False: an HTTP_PROXY in the environment must not intercept our own loopback master.
         with httpx.Client(timeout=0.5, trust_env=False) as client:
             while True:

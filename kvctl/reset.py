@@ -22,11 +22,11 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import httpx
 from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.compat import layout_of
+from kvctl.http_base import HttpPool
 from kvctl.targets import Fleet, Replica
 from kvctl.vllm_client import CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
 
@@ -97,7 +97,7 @@ class Plan:
 async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None = None) -> Plan:
     """Read every replica (version, connector) and decide what to send; sends no reset."""
     sem = asyncio.Semaphore(max(1, options.concurrency))
-    async with _shared_http(options, http) as shared:
+    async with _shared_http(http) as shared:
 
         async def one(replica: Replica) -> ReplicaPlan:
             async with sem:
@@ -309,7 +309,7 @@ class Receipt:
 async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
     """Plan, then (unless dry-run or the plan failed) execute and verify."""
     start = time.perf_counter()
-    async with _shared_http(options) as http:
+    async with _shared_http() as http:
         plan = await plan_reset(fleet, options, http)
         if plan.error or options.dry_run:
             return _receipt_without_execution(plan, fleet, time.perf_counter() - start)
@@ -331,7 +331,7 @@ def _receipt_without_execution(plan: Plan, fleet: Fleet, elapsed: float) -> Rece
 
 async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
                        http: HttpPool | None = None) -> Receipt:
-    async with _shared_http(plan.options, http) as shared:
+    async with _shared_http(http) as shared:
         return await _execute(plan, fleet, time.perf_counter() if start is None else start, shared)
 
 
@@ -403,11 +403,10 @@ async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp) -> OpResul
 
 
 async def _clear_master(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
-    from kvctl.mooncake_master import MasterAdmin, MasterError, admin_base_url
+    from kvctl.mooncake_master import MasterAdmin, MasterError
 
     started = time.perf_counter()
-    client = http.client(admin_base_url(master.address))
-    async with MasterAdmin(master.address, timeout=opts.timeout, client=client) as admin:
+    async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
         try:
             master.removed_count = await admin.remove_all(force=True)
             master.clear = OpResult("master_clear", "ok", 200, round(time.perf_counter() - started, 6), 1,
@@ -419,10 +418,9 @@ async def _clear_master(master: MasterReceipt, opts: ResetOptions, http: HttpPoo
 
 
 async def _count_master_keys(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
-    from kvctl.mooncake_master import MasterAdmin, MasterError, admin_base_url
+    from kvctl.mooncake_master import MasterAdmin, MasterError
 
-    client = http.client(admin_base_url(master.address))
-    async with MasterAdmin(master.address, timeout=opts.timeout, client=client) as admin:
+    async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
         try:
             master.keys_after = await admin.key_count(key_prefix(master.cache_prefix))
         except MasterError as exc:
@@ -603,49 +601,16 @@ def _cached_tokens(outcome: CallOutcome) -> float | None:
 
 def _client(replica: Replica, options: ResetOptions, http: HttpPool) -> VllmClient:
     return VllmClient(replica.url, timeout=options.timeout, retries=options.retries, api_key=replica.api_key(),
-                      client=http.client(replica.url))
-
-
-class HttpPool:
-    """One small httpx client per replica, sharing one TLS context.
-
-    A replica's calls are sequential, so one kept-alive connection serves it. A single pool for
-    every host made httpcore scan all idle connections on each request: quadratic, and most of a
-    1024-replica reset's CPU time.
-    """
-
-    def __init__(self, options: ResetOptions) -> None:
-        self._timeout = options.timeout
-        self._ssl: Any = None  # built on the first https URL (loading the CA bundle costs ~30 ms)
-        self._clients: dict[str, httpx.AsyncClient] = {}
-
-    def client(self, url: str) -> httpx.AsyncClient:
-        found = self._clients.get(url)
-        if found is None:
-            found = self._clients[url] = httpx.AsyncClient(
-                timeout=self._timeout, verify=self._verify(url),
-                limits=httpx.Limits(max_connections=4, max_keepalive_connections=1))
-        return found
-
-    def _verify(self, url: str) -> Any:
-        if not url.startswith("https:"):
-            return False  # plain http: no TLS, so no certificates to load
-        if self._ssl is None:
-            self._ssl = httpx.create_ssl_context()
-        return self._ssl
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self._clients.values()))
-        self._clients.clear()
+                      pool=http)
 
 
 @asynccontextmanager
-async def _shared_http(options: ResetOptions, http: HttpPool | None = None) -> AsyncIterator[HttpPool]:
+async def _shared_http(http: HttpPool | None = None) -> AsyncIterator[HttpPool]:
     """The caller's pool when given, else a new one closed on exit."""
     if http is not None:
         yield http
         return
-    pool = HttpPool(options)
+    pool = HttpPool()
     try:
         yield pool
     finally:

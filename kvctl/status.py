@@ -3,7 +3,7 @@ Mooncake master's key count and memory, and (for a run started by `kvctl serve`)
 recorded processes are still alive.
 
 Read-only: every call is a GET. All replicas and the master are asked at once over one shared
-httpx.AsyncClient; a replica that is down, dead or slow is reported in its own row, never raised.
+kvctl HttpPool; a replica that is down, dead or slow is reported in its own row, never raised.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from kvctl.errors import UsageError
+from kvctl.http_base import HttpPool
 from kvctl.targets import URLS_ENV, Fleet, Replica, build_fleet, normalize_master
 
 if TYPE_CHECKING:
@@ -166,10 +165,10 @@ def _fleet_of(record: RunRecord, master: str | None) -> Fleet:
 
 # -- the status ---------------------------------------------------------------------------------
 async def fleet_status(replicas: list[Replica], master: str | None, timeout: float = DEFAULT_TIMEOUT, *,
-                       run: RunRecord | None = None, http: httpx.AsyncClient | None = None) -> FleetStatus:
+                       run: RunRecord | None = None, http: HttpPool | None = None) -> FleetStatus:
     """Ask every replica (and the master) at once; failures land in each row's `error`."""
     start = time.perf_counter()
-    async with _shared_http(timeout, len(replicas) + 1, http) as client:
+    async with _shared_http(http) as client:
         jobs: list[Any] = [replica_status(r, timeout, client) for r in replicas]
         if master is not None:
             jobs.append(master_status(master, timeout, client))
@@ -182,11 +181,11 @@ async def fleet_status(replicas: list[Replica], master: str | None, timeout: flo
     return status
 
 
-async def replica_status(replica: Replica, timeout: float, http: httpx.AsyncClient) -> ReplicaStatus:
+async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> ReplicaStatus:
     """One replica: /health first; if anything answered, /version, /v1/models and /metrics at once."""
     from kvctl.vllm_client import VllmClient
 
-    client = VllmClient(replica.url, timeout=timeout, retries=0, api_key=replica.api_key(), client=http)
+    client = VllmClient(replica.url, timeout=timeout, retries=0, api_key=replica.api_key(), pool=http)
     health = await client.health()
     row = ReplicaStatus(replica.name, replica.url, healthy=health.status == 200,
                         health=_health_word(health.status), http_status=health.status,
@@ -217,11 +216,11 @@ async def replica_status(replica: Replica, timeout: float, http: httpx.AsyncClie
     return row
 
 
-async def master_status(address: str, timeout: float, http: httpx.AsyncClient) -> MasterStatus:
+async def master_status(address: str, timeout: float, http: HttpPool) -> MasterStatus:
     """The master's /health and /metrics, asked at once."""
     from kvctl.mooncake_master import MasterAdmin
 
-    admin = MasterAdmin(address, timeout=timeout, client=http)
+    admin = MasterAdmin(address, timeout=timeout, pool=http)
     row = MasterStatus(address=address, reachable=False)
     health, metrics = await asyncio.gather(_attempt(admin.health()), _attempt(admin.metrics()))
     prefix = f"Mooncake master at {admin.base_url}: "
@@ -294,16 +293,13 @@ def _message(exc: BaseException) -> str:
 
 
 @asynccontextmanager
-async def _shared_http(timeout: float, size: int,
-                       http: httpx.AsyncClient | None) -> AsyncIterator[httpx.AsyncClient]:
-    """One connection pool for the whole fleet (the caller's, when given: then not closed)."""
+async def _shared_http(http: HttpPool | None) -> AsyncIterator[HttpPool]:
+    """One HttpPool for the whole fleet (the caller's, when given: then not closed)."""
     if http is not None:
         yield http
         return
-    size = max(1, min(size, 256))
-    limits = httpx.Limits(max_connections=size * 2, max_keepalive_connections=size)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        yield client
+    async with HttpPool() as pool:
+        yield pool
 
 
 __all__ = ["FleetStatus", "MasterStatus", "ProcessStatus", "ReplicaStatus", "RunStatus", "Targets",

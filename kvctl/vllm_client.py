@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.errors import KvctlError
-from kvctl.http_base import HttpClientBase
+from kvctl.http_base import HttpClientBase, HttpPool, HttpResponse, TransportError
 from kvctl.versions import version_from_server_payload
 
 DEFAULT_TIMEOUT = 10.0
@@ -32,8 +32,8 @@ class ServerError(KvctlError):
 class _Retryable(Exception):
     """An answer worth retrying (5xx); carries the response for the final report."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(f"HTTP {response.status}")
         self.response = response
 
 
@@ -57,47 +57,79 @@ class CallOutcome:
 class VllmClient(HttpClientBase):
     def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, retries: int = 2,
                  backoff: float = 0.2, api_key: str | None = None,
-                 client: httpx.AsyncClient | None = None) -> None:
+                 pool: HttpPool | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self._api_key = api_key
-        super().__init__(timeout, client)
+        super().__init__(pool)
 
     # -- transport --------------------------------------------------------------------------
     async def call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                    json: Any = None, retries: int | None = None, timeout: float | None = None) -> CallOutcome:
         """One request with bounded retries; never raises for HTTP or transport failures."""
-        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
-
         url = f"{self.base_url}{path}"
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key and path.startswith("/v1") else None
-        attempts = 0
+        limit = timeout or self.timeout
+        tries = 1 + (self.retries if retries is None else retries)
+        attempts = 1
         start = time.perf_counter()
+
+        async def once() -> HttpResponse:
+            response = await self._http.request(method, url, params=params, json=json, headers=headers,
+                                                timeout=limit)
+            if response.status >= 500:
+                raise _Retryable(response)
+            return response
+
+        result: HttpResponse | Exception
+        try:
+            result = await once()  # the common case, without building a retry policy per call
+        except (TransportError, _Retryable) as first:
+            result, more = (first, 0) if tries == 1 else await self._retry(once, first, tries)
+            attempts += more
+        if isinstance(result, TransportError):
+            return CallOutcome(method, url, None, None, time.perf_counter() - start, attempts,
+                               _describe(result, limit, attempts))
+        response = result.response if isinstance(result, _Retryable) else result
+        assert isinstance(response, HttpResponse)
+        outcome = CallOutcome(method, url, response.status, _body(response), time.perf_counter() - start, attempts)
+        if not 200 <= response.status < 300:
+            outcome.error = _http_error(response, path)
+        return outcome
+
+    async def _retry(self, once: Callable[[], Awaitable[HttpResponse]], first: Exception,
+                     tries: int) -> tuple[HttpResponse | Exception, int]:
+        """Attempts 2..tries with exponential backoff (tenacity), after `first` failed.
+
+        tenacity's attempt 1 re-raises `first` at once, so its stop and wait rules count the
+        request already sent. Returns the answer (or the last retryable failure) and how many
+        more requests were sent.
+        """
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+        pending: Exception | None = first
+        sent = 0
+
+        async def attempt() -> HttpResponse:
+            nonlocal pending, sent
+            if pending is not None:
+                failure, pending = pending, None
+                raise failure
+            sent += 1
+            return await once()
+
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(1 + (self.retries if retries is None else retries)),
+            stop=stop_after_attempt(tries),
             wait=wait_exponential(multiplier=self.backoff, max=5 * self.backoff + 1),
-            retry=retry_if_exception_type((httpx.TransportError, _Retryable)),
+            retry=retry_if_exception_type((TransportError, _Retryable)),
             reraise=True,
         )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    response = await self._client.request(method, url, params=_query(params), json=json,
-                                                          headers=headers, timeout=timeout or self.timeout)
-                    if response.status_code >= 500:
-                        raise _Retryable(response)
-        except _Retryable as exc:
-            response = exc.response
-        except httpx.TransportError as exc:
-            return CallOutcome(method, url, None, None, time.perf_counter() - start, attempts,
-                               _describe(exc, timeout or self.timeout, attempts))
-        outcome = CallOutcome(method, url, response.status_code, _body(response), time.perf_counter() - start, attempts)
-        if not 200 <= response.status_code < 300:
-            outcome.error = _http_error(response, path)
-        return outcome
+            return await retrying(attempt), sent
+        except (TransportError, _Retryable) as exc:
+            return exc, sent
 
     async def _get_json(self, path: str, **params: Any) -> Any:
         outcome = await self.call("GET", path, params=params or None)
@@ -213,13 +245,7 @@ def reset_answer_error(outcome: CallOutcome) -> str | None:
     return None
 
 
-def _query(params: dict[str, Any] | None) -> dict[str, str] | None:
-    if not params:
-        return None
-    return {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in params.items()}
-
-
-def _body(response: httpx.Response) -> Any:
+def _body(response: HttpResponse) -> Any:
     if not response.content:
         return ""
     try:
@@ -228,17 +254,17 @@ def _body(response: httpx.Response) -> Any:
         return response.text
 
 
-def _http_error(response: httpx.Response, path: str) -> str:
-    if response.status_code == 404 and path not in ("/version", "/health", "/metrics"):
+def _http_error(response: HttpResponse, path: str) -> str:
+    if response.status == 404 and path not in ("/version", "/health", "/metrics"):
         return f"HTTP 404 on {path}: the route is missing, dev mode is off ({DEV_MODE_HINT})"
     text = response.text.strip().replace("\n", " ")
-    return f"HTTP {response.status_code}" + (f": {text[:200]}" if text else "")
+    return f"HTTP {response.status}" + (f": {text[:200]}" if text else "")
 
 
-def _describe(exc: httpx.TransportError, timeout: float, attempts: int = 1) -> str:
-    if isinstance(exc, httpx.TimeoutException):
+def _describe(exc: TransportError, timeout: float, attempts: int = 1) -> str:
+    if exc.kind == "timeout":
         tries = f", {attempts} attempts" if attempts > 1 else ""
-        return f"timed out after {timeout:g} s ({type(exc).__name__}{tries})"
-    if isinstance(exc, httpx.ConnectError):
-        return f"connection refused or unreachable ({exc})" if str(exc) else "connection refused or unreachable"
-    return f"{type(exc).__name__}: {exc}"
+        return f"timed out after {timeout:g} s ({exc.cause_name}{tries})"
+    if exc.kind == "connect":
+        return f"connection refused or unreachable ({exc.detail})" if exc.detail else "connection refused or unreachable"
+    return str(exc)

@@ -84,13 +84,13 @@ def test_remove_all_on_an_empty_master(empty_master: MasterProcess) -> None:
     assert admin_call(empty_master.admin_address, "remove_all") == 0
 
 
-def test_admin_accepts_a_url_and_a_shared_client(master: MasterProcess) -> None:
-    import httpx
+def test_admin_accepts_a_url_and_a_shared_pool(master: MasterProcess) -> None:
+    from kvctl.http_base import HttpPool
 
     async def go() -> dict:
-        async with httpx.AsyncClient() as client:
-            admin = MasterAdmin(master.admin_url + "/", client=client)
-            await admin.aclose()  # does not close a client it does not own
+        async with HttpPool() as pool:
+            admin = MasterAdmin(master.admin_url + "/", pool=pool)
+            await admin.aclose()  # does not close a pool it does not own
             return await admin.health()
 
     assert run(go())["status"] == "ok"

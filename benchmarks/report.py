@@ -352,7 +352,11 @@ def fanout_notes(f: dict[str, Any]) -> str:
         text += (" On a real fleet each replica answers on its own hardware and only the client's CPU per "
                  "request remains; what separates kvctl from the floor is that CPU: httpcore + anyio + h11 per "
                  "request (most of it, profiled; the floor's aiohttp parses HTTP in C), and kvctl's receipt "
-                 "(a record per call, serialized to JSON at the end).")
+                 "(a record per call, serialized to JSON at the end). Already cut after profiling: kvctl "
+                 "sends through httpcore pools, one per host, not httpx's client (URL model, cookies, "
+                 "redirects: ~40% of the CPU per call), builds a retry policy only after a failed call, "
+                 "and parses the inventory with libyaml; at N = 1024 that took kvctl from 7.5 s to under 4 s "
+                 "on this machine (commit d93ce23 against this one).")
         out.append(text)
         seq = next((r for r in f["sequential"] if r["n"] == n), None)
         if seq:

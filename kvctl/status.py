@@ -177,8 +177,32 @@ async def fleet_status(replicas: list[Replica], master: str | None, timeout: flo
                          master=results[len(replicas)] if master is not None else None)
     if run is not None:
         status.run = run_status(run)
+        _flag_strangers(status, run)
     status.elapsed_s = time.perf_counter() - start
     return status
+
+
+def _flag_strangers(status: FleetStatus, run: RunRecord) -> None:
+    """A run's replica (or master) whose process is gone, yet something answers on its port, is not
+    healthy: that answer comes from another server that took the port (kvctl checks pid + start time)."""
+    from kvctl.procs import is_ours
+
+    records = {r.name: r for r in run.replicas}
+    for row in status.replicas:
+        ref = records[row.name].process if row.name in records else None
+        if ref is not None and row.http_status is not None and not is_ours(ref):
+            row.healthy = False
+            row.health = "not ours"
+            row.error = "; ".join(filter(None, [
+                f"the replica process this run started (pid {ref.pid}) is gone, yet {row.url} answers: "
+                "another server holds the port (restart the run: kvctl stop, then kvctl serve)", row.error]))
+    master, recorded = status.master, run.master
+    ref = recorded.process if recorded is not None and master is not None \
+        and master.address == recorded.admin_address else None  # not a --master given instead
+    if master is not None and master.reachable and ref is not None and not is_ours(ref):
+        master.reachable = False
+        master.error = (f"the master process this run started (pid {ref.pid}) is gone, yet {master.address} "
+                        "answers: another master holds the port")
 
 
 async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> ReplicaStatus:

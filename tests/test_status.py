@@ -222,10 +222,16 @@ def test_cli_run_record(cli, doubles: DoubleFleet, tmp_path: Path) -> None:
     write_run(tmp_path, "run-a", urls, master, [alive, reused_pid, master_ref])
 
     result = cli("status", "--run", "run-a", "--state-dir", str(tmp_path), "--json", "--timeout", "2")
-    assert result.exit_code == 0, result.stderr
+    # r1's process is gone (its pid now belongs to another process), yet its port answers: a stranger
+    assert result.exit_code == 1, result.stderr
     data = json.loads(result.stdout)
     assert [r["name"] for r in data["replicas"]] == ["r0", "r1"]
     assert [r["url"] for r in data["replicas"]] == urls
+    r0, r1 = data["replicas"]
+    assert r0["healthy"] is True and r0["error"] is None
+    assert r1["healthy"] is False and r1["health"] == "not ours" and r1["http_status"] == 200
+    assert "another server holds the port" in r1["error"]
+    assert "1/2 replica(s) healthy" in data["summary"]
     assert data["master"]["address"] == master and data["master"]["reachable"] is True
     run = data["run"]
     assert run["name"] == "run-a" and run["state"] == "running" and run["cache_prefix"] == "run-a"
@@ -236,7 +242,8 @@ def test_cli_run_record(cli, doubles: DoubleFleet, tmp_path: Path) -> None:
 
     # no target at all: the only live run in the state dir
     text = cli("status", "--state-dir", str(tmp_path), "--timeout", "2")
-    assert text.exit_code == 0, text.stderr
+    assert text.exit_code == 1, text.stderr
+    assert "not ours" in text.stdout
     assert "run run-a: running" in text.stdout and "replica r1 (pid" in text.stdout and "gone" in text.stdout
 
     # --master overrides the recorded master
@@ -255,3 +262,24 @@ def test_cli_run_record_of_a_stopped_run(cli, doubles: DoubleFleet, tmp_path: Pa
     result = cli("status", "--run", "old", "--state-dir", str(tmp_path), "--timeout", "2")
     assert result.exit_code == 1
     assert "run old: stopped" in result.stdout and "down" in result.stdout
+
+
+def test_cli_run_whose_master_process_is_gone_but_port_answers(cli, doubles: DoubleFleet, tmp_path: Path) -> None:
+    store = SharedStore(["k"])
+    url = doubles.add(VllmDouble(store=store))
+    master = doubles.add_master(MasterDouble(store))
+    me = psutil.Process(os.getpid())
+    alive = ProcessRef(me.pid, me.create_time(), "replica r0")
+    gone_master = ProcessRef(me.pid, me.create_time() - 1000, "mooncake_master")
+    write_run(tmp_path, "run-m", [url], master, [alive, gone_master])
+
+    data = json.loads(cli("status", "--run", "run-m", "--state-dir", str(tmp_path), "--json").stdout)
+    assert data["replicas"][0]["healthy"] is True
+    assert data["master"]["reachable"] is False and "another master holds the port" in data["master"]["error"]
+    assert data["ok"] is False and data["exit_code"] == 1
+
+    # another master given with --master is not the run's: the run's process record does not apply
+    other = doubles.add_master(MasterDouble(store))
+    data = json.loads(cli("status", "--run", "run-m", "--state-dir", str(tmp_path), "--master", other,
+                          "--json").stdout)
+    assert data["master"]["reachable"] is True and data["ok"] is True

@@ -325,3 +325,18 @@ def test_a_failed_canary_check_is_inconclusive_not_retried(doubles: DoubleFleet)
     assert receipt.exit_code == 1
     assert "inconclusive" in receipt.replicas[0].canary.error
     assert len(sent) == 3  # two primes, one check: the check is never retried
+
+
+def test_proxy_variables_are_not_used(doubles: DoubleFleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admin calls go straight to the replicas and the master, never through a proxy (docs/reset.md)."""
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there: a proxied call would fail
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    store = SharedStore(["old"])
+    replica = VllmDouble("0.22.0", store=store)
+    url = doubles.add(replica)
+    master = doubles.add_master(MasterDouble(store))
+    receipt = reset([url], master, connector=True, retries=0)
+    assert receipt.exit_code == 0, receipt.summary
+    assert receipt.master.removed_count == 1 and len(store) == 0

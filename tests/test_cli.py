@@ -170,10 +170,13 @@ def test_compat_matrix(cli) -> None:
     assert "MooncakeStoreConnector" in cli("compat", "matrix").stdout
 
 
-HEAVY = ("vllm", "torch", "mooncake")
+# pydantic: Typer >= 0.26 imports it to coerce every option (~70 ms a start; pyproject pins below).
+# Not a speed test (that is make bench): it catches the dependency change that would cost the time.
+HEAVY = ("vllm", "torch", "mooncake", "pydantic")
 PROBE = """
 import atexit, sys
-atexit.register(lambda: print("HEAVY=" + ",".join(sorted({m.split('.')[0] for m in sys.modules} & set(%r)))))
+atexit.register(lambda: print("HEAVY=" + ",".join(sorted({m.split('.')[0] for m in sys.modules
+                                                         if sys.modules[m] is not None} & set(%r)))))
 sys.argv = ["kvctl"] + %r
 from kvctl.cli.main import run
 run()

@@ -9,8 +9,8 @@ response shapes follow the server's version, from the capability table.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import Version

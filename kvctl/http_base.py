@@ -14,6 +14,8 @@ its replicas and masters directly, and their admin routes should never go throug
 from __future__ import annotations
 
 import json as jsonlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode, urlsplit
@@ -114,6 +116,17 @@ class HttpPool:
         await self.aclose()
 
 
+@asynccontextmanager
+async def shared_pool(pool: HttpPool | None = None) -> AsyncIterator[HttpPool]:
+    """The caller's pool when given (left open), else a new one closed on exit: a fleet operation
+    shares one HttpPool across all its replicas and the master."""
+    if pool is not None:
+        yield pool
+        return
+    async with HttpPool() as own:
+        yield own
+
+
 class HttpClientBase:
     """Owns an HttpPool unless one is passed in (a fleet operation shares one); async context manager."""
 
@@ -145,4 +158,4 @@ def _query_values(params: dict[str, Any]) -> dict[str, str]:
     return {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in params.items()}
 
 
-__all__ = ["HttpClientBase", "HttpPool", "HttpResponse", "TransportError"]
+__all__ = ["HttpClientBase", "HttpPool", "HttpResponse", "TransportError", "shared_pool"]

@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -26,7 +25,7 @@ from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.compat import layout_of
-from kvctl.http_base import HttpPool
+from kvctl.http_base import HttpPool, shared_pool
 from kvctl.targets import Fleet, Replica
 from kvctl.vllm_client import CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
 
@@ -97,7 +96,7 @@ class Plan:
 async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None = None) -> Plan:
     """Read every replica (version, connector) and decide what to send; sends no reset."""
     sem = asyncio.Semaphore(max(1, options.concurrency))
-    async with _shared_http(http) as shared:
+    async with shared_pool(http) as shared:
 
         async def one(replica: Replica) -> ReplicaPlan:
             async with sem:
@@ -309,7 +308,7 @@ class Receipt:
 async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
     """Plan, then (unless dry-run or the plan failed) execute and verify."""
     start = time.perf_counter()
-    async with _shared_http() as http:
+    async with shared_pool() as http:
         plan = await plan_reset(fleet, options, http)
         if plan.error or options.dry_run:
             return _receipt_without_execution(plan, fleet, time.perf_counter() - start)
@@ -331,7 +330,7 @@ def _receipt_without_execution(plan: Plan, fleet: Fleet, elapsed: float) -> Rece
 
 async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
                        http: HttpPool | None = None) -> Receipt:
-    async with _shared_http(http) as shared:
+    async with shared_pool(http) as shared:
         return await _execute(plan, fleet, time.perf_counter() if start is None else start, shared)
 
 
@@ -603,18 +602,6 @@ def _client(replica: Replica, options: ResetOptions, http: HttpPool) -> VllmClie
     return VllmClient(replica.url, timeout=options.timeout, retries=options.retries, api_key=replica.api_key(),
                       pool=http)
 
-
-@asynccontextmanager
-async def _shared_http(http: HttpPool | None = None) -> AsyncIterator[HttpPool]:
-    """The caller's pool when given, else a new one closed on exit."""
-    if http is not None:
-        yield http
-        return
-    pool = HttpPool()
-    try:
-        yield pool
-    finally:
-        await pool.aclose()
 
 
 __all__ = [

@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvctl.errors import UsageError
-from kvctl.http_base import HttpPool
+from kvctl.http_base import HttpPool, shared_pool
 from kvctl.targets import URLS_ENV, Fleet, Replica, build_fleet, normalize_master
 
 if TYPE_CHECKING:
@@ -168,7 +166,7 @@ async def fleet_status(replicas: list[Replica], master: str | None, timeout: flo
                        run: RunRecord | None = None, http: HttpPool | None = None) -> FleetStatus:
     """Ask every replica (and the master) at once; failures land in each row's `error`."""
     start = time.perf_counter()
-    async with _shared_http(http) as client:
+    async with shared_pool(http) as client:
         jobs: list[Any] = [replica_status(r, timeout, client) for r in replicas]
         if master is not None:
             jobs.append(master_status(master, timeout, client))
@@ -315,15 +313,6 @@ def _message(exc: BaseException) -> str:
         return exc.message
     return f"{type(exc).__name__}: {exc}"
 
-
-@asynccontextmanager
-async def _shared_http(http: HttpPool | None) -> AsyncIterator[HttpPool]:
-    """One HttpPool for the whole fleet (the caller's, when given: then not closed)."""
-    if http is not None:
-        yield http
-        return
-    async with HttpPool() as pool:
-        yield pool
 
 
 __all__ = ["FleetStatus", "MasterStatus", "ProcessStatus", "ReplicaStatus", "RunStatus", "Targets",

@@ -22,6 +22,9 @@ from kvctl.versions import version_from_server_payload
 
 DEFAULT_TIMEOUT = 10.0
 SERVER_INFO_TIMEOUT = 90.0
+# /pause?mode=wait answers once every in-flight request has finished: as long as the longest one
+# (a Mooncake transfer stall alone held it past 30 s in an e2e run), so it gets its own bound.
+PAUSE_TIMEOUT = 120.0
 DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (reset, pause and server_info routes exist only in dev mode)"
 
 
@@ -217,8 +220,12 @@ class VllmClient(HttpClientBase):
         return await self.call("POST", "/reset_encoder_cache")
 
     async def pause(self, version: Version) -> CallOutcome:
-        """Pause generation, letting in-flight requests finish first (so none fails)."""
-        return await self.call("POST", "/pause", params=pause_params(version) or None)
+        """Pause generation, letting in-flight requests finish first (so none fails).
+
+        Waits up to max(timeout, PAUSE_TIMEOUT): a shorter per-call timeout would give up, and
+        retry, while the server is still draining requests it has already accepted."""
+        return await self.call("POST", "/pause", params=pause_params(version) or None,
+                               timeout=max(self.timeout, PAUSE_TIMEOUT))
 
     async def resume(self) -> CallOutcome:
         return await self.call("POST", "/resume")

@@ -340,3 +340,12 @@ def test_proxy_variables_are_not_used(doubles: DoubleFleet, monkeypatch: pytest.
     receipt = reset([url], master, connector=True, retries=0)
     assert receipt.exit_code == 0, receipt.summary
     assert receipt.master.removed_count == 1 and len(store) == 0
+
+
+def test_pause_waits_longer_than_the_per_call_timeout(doubles: DoubleFleet) -> None:
+    """/pause?mode=wait answers when in-flight requests are done: it gets PAUSE_TIMEOUT, not --timeout."""
+    replica = VllmDouble("0.23.0", faults=Faults(delay={"/pause": 1.5}))
+    receipt = reset([doubles.add(replica)], connector=True, timeout=0.5, retries=0)
+    assert receipt.exit_code == 0, receipt.summary
+    pause = next(op for op in receipt.replicas[0].ops if op.op == "pause")
+    assert pause.result == "ok" and pause.attempts == 1 and pause.latency_s >= 1.5

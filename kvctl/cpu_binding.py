@@ -64,11 +64,20 @@ def plan(replicas: int, env: Mapping[str, str], cpus: Sequence[int] | None = Non
 
 
 def bound_by_other_workers(cpus: Sequence[int]) -> set[int]:
-    """Cores that threads of running vLLM processes (`VLLM::Worker`, `VLLM::EngineCore`) are pinned to."""
+    """Cores that threads of running vLLM processes are pinned to."""
+    taken: set[int] = set()
+    for cores in pinned_vllm_processes(cpus).values():
+        taken |= cores
+    return taken
+
+
+def pinned_vllm_processes(cpus: Sequence[int] | None = None) -> dict[int, set[int]]:
+    """pid -> the cores its threads are pinned to, for running vLLM processes (`VLLM::Worker`,
+    `VLLM::EngineCore`) that pin any thread to less than all of `cpus`."""
     import psutil
 
-    everything = set(cpus)
-    taken: set[int] = set()
+    everything = set(cpus if cpus is not None else allowed_cpus())
+    found: dict[int, set[int]] = {}
     for proc in psutil.process_iter(["name"]):
         if not (proc.info.get("name") or "").startswith("VLLM::"):
             continue
@@ -76,14 +85,24 @@ def bound_by_other_workers(cpus: Sequence[int]) -> set[int]:
             tids = [t.id for t in proc.threads()]
         except psutil.Error:
             continue
+        cores: set[int] = set()
         for tid in tids:
             try:
                 affinity = os.sched_getaffinity(tid)
             except OSError:  # the thread ended
                 continue
             if affinity and set(affinity) < everything:
-                taken |= affinity
-    return taken & everything
+                cores |= affinity
+        if cores & everything:
+            found[proc.pid] = cores & everything
+    return found
+
+
+def shared_cores(pinned: Mapping[int, set[int]]) -> list[tuple[int, int, set[int]]]:
+    """Pairs of processes pinned to some of the same cores: (pid, pid, cores)."""
+    pids = sorted(pinned)
+    return [(p, q, pinned[p] & pinned[q]) for i, p in enumerate(pids) for q in pids[i + 1:]
+            if pinned[p] & pinned[q]]
 
 
 def id_list(ids: Sequence[int]) -> str:

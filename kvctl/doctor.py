@@ -95,7 +95,27 @@ def run_checks(vllm_python: str | None = None, *, state_dir: str | Path | None =
     checks.append(_guard("default ports", check_default_ports))
     checks.append(_guard(HASH_SEED_ENV, lambda: check_hash_seed(env)))
     checks.append(_guard("state dir", lambda: check_state_dir(state_dir)))
+    checks.append(_guard("cpu binding", check_cpu_binding))
     return checks
+
+
+def check_cpu_binding() -> Check:
+    """Running vLLM CPU workers pinned to the same cores starve each other's Mooncake threads."""
+    from kvctl import cpu_binding
+
+    pinned = cpu_binding.pinned_vllm_processes()
+    if not pinned:
+        return Check("cpu binding", "ok", "no running vLLM process pins threads to cores")
+    clashes = cpu_binding.shared_cores(pinned)
+    if not clashes:
+        return Check("cpu binding", "ok", "running vLLM workers: " + ", ".join(
+            f"pid {pid} on cores {cpu_binding.id_list(sorted(c))}" for pid, c in sorted(pinned.items())))
+    detail = "; ".join(f"pids {p} and {q} share cores {cpu_binding.id_list(sorted(c))}" for p, q, c in clashes)
+    return Check("cpu binding", "warn",
+                 f"vLLM workers pinned to the same cores ({detail}): one can starve the other's Mooncake "
+                 "threads (the master drops its segment, transfers stall 30-60 s, requests fail with 500)",
+                 "give each replica its own cores (VLLM_CPU_OMP_THREADS_BIND=0-3 on one, 4-7 on the next) or "
+                 "VLLM_CPU_OMP_THREADS_BIND=nobind; kvctl serve does this by itself")
 
 
 def _guard(name: str, func: Callable[[], Check]) -> Check:

@@ -55,24 +55,49 @@ def test_id_list(ids: list[int], text: str) -> None:
     assert cpu_binding.parse_ids(text) == set(ids)
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs Linux with two CPUs")
-def test_finds_cores_a_running_vllm_worker_is_pinned_to() -> None:
-    """A real process titled like vLLM's CPU worker, pinned to one core, is seen (no vLLM needed)."""
-    cpus = sorted(os.sched_getaffinity(0))
+LINUX_2CPU = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                                reason="needs Linux with two CPUs")
+
+
+def fake_worker(core: int) -> subprocess.Popen[str]:
+    """A real process titled like vLLM's CPU worker (PR_SET_NAME, what setproctitle shows), pinned to
+    one core: no vLLM needed. A double of the worker's name and affinity, nothing else."""
     code = ("import ctypes, os, time\n"
-            "ctypes.CDLL(None).prctl(15, b'VLLM::Worker', 0, 0, 0)\n"  # PR_SET_NAME: what setproctitle shows
-            f"os.sched_setaffinity(0, {{{cpus[-1]}}})\n"
+            "ctypes.CDLL(None).prctl(15, b'VLLM::Worker', 0, 0, 0)\n"
+            f"os.sched_setaffinity(0, {{{core}}})\n"
             "print('ready', flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@LINUX_2CPU
+def test_finds_cores_a_running_vllm_worker_is_pinned_to() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    proc = fake_worker(cpus[-1])
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 10
-        while cpus[-1] not in cpu_binding.bound_by_other_workers(cpus) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert cpu_binding.pinned_vllm_processes(cpus)[proc.pid] == {cpus[-1]}
         assert cpu_binding.bound_by_other_workers(cpus) >= {cpus[-1]}
         bind = plan(1, {}, cpus=cpus).binds[0]  # other vLLM workers on this machine may hold cores too
         assert bind is not None and cpus[-1] not in cpu_binding.parse_ids(bind)
     finally:
         proc.kill()
         proc.wait()
+
+
+@LINUX_2CPU
+def test_doctor_warns_when_two_vllm_workers_share_a_core() -> None:
+    from kvctl.doctor import check_cpu_binding
+
+    core = sorted(os.sched_getaffinity(0))[-1]
+    procs = [fake_worker(core), fake_worker(core)]
+    try:
+        check = check_cpu_binding()
+        assert check.status == "warn"
+        assert f"pids {procs[0].pid} and {procs[1].pid} share cores {core}" in check.detail
+        assert "VLLM_CPU_OMP_THREADS_BIND" in (check.fix or "")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert all(p.pid not in cpu_binding.pinned_vllm_processes() for p in procs)

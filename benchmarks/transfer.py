@@ -121,7 +121,10 @@ def complete(client: httpx.Client, url: str, model: str, text: str) -> httpx.Res
 def one_load(client: httpx.Client, a: str, b: str, admin: str, model: str, stack: int, i: int) -> Load:
     text = prompt(stack, i)
     before = key_count(client, admin)
-    stored = complete(client, a, model, text)
+    try:
+        stored = complete(client, a, model, text)
+    except httpx.HTTPError as exc:
+        return Load(stack, i, -2, 0, 0, 0, 0, f"A did not answer: {type(exc).__name__}")
     if stored.status_code != 200:
         return Load(stack, i, -stored.status_code, 0, 0, 0, 0, f"A: {stored.text[:200]}")
     began = time.monotonic()
@@ -242,7 +245,10 @@ def run_setting(setting: Setting, args: argparse.Namespace, state: Path) -> dict
                     if sum(ld.outcome != "ok" for ld in loads) >= args.stop_after:
                         stopped_early = True
                         break
-                    load = one_load(client, a, b, record.master.admin_address, args.model, s, i)
+                    try:
+                        load = one_load(client, a, b, record.master.admin_address, args.model, s, i)
+                    except httpx.HTTPError as exc:  # a replica or the master stopped answering
+                        load = Load(s, i, 0, 0, 0, REQUEST_TIMEOUT_S, 0, f"{type(exc).__name__}: {exc}")
                     loads.append(load)
                     if load.outcome != "ok":
                         print(f"  [{setting.name}] stack {s} load {i}: {load.outcome} status={load.status} "

@@ -49,8 +49,9 @@ class ServeSpec:
     state_dir: str | None = None
     template_path: str | None = None
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT
-    replica_env: list[dict[str, str]] = field(default_factory=list)  # per replica, on top of the rest
-    metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the master's server)
+    # Not on the CLI; for measuring candidate settings (benchmarks/transfer.py):
+    replica_env: list[dict[str, str]] = field(default_factory=list)  # per replica, applied last
+    metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the embedded master's)
 
 
 def check_spec(spec: ServeSpec) -> None:
@@ -126,8 +127,6 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
     emit("master_starting")
     extra: list[str] = []
     if spec.metadata == "http":
-        from kvctl.ports import free_port
-
         spec.overrides.setdefault("metadata_server", f"http://{spec.host}:{(port := free_port(spec.host))}/metadata")
         extra = ["--enable_http_metadata_server=true", f"--http_metadata_server_port={port}",
                  f"--http_metadata_server_host={spec.host}"]

@@ -287,7 +287,7 @@ def recount(result: dict[str, Any]) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| setting | loads | ok | failed (error answer) | lost (A's block never stored) | missed | "
-             "slower than 5 s | p50 | max | clients the master dropped | "
+             "slower than 5 s | p50 | max (answered loads) | clients the master dropped | "
              "transport error lines (stall / handshake / transfer) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in map(recount, results):
         lg = r["log_lines"]

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from packaging.version import Version
 
-from kvctl import procs, runs
+from kvctl import cpu_binding, procs, runs
 from kvctl.vllm_launch import VllmInstall, replica_command, replica_env, tensor_parallel_size
 
 from .integration.helpers import require_mooncake
@@ -132,6 +132,11 @@ def test_serve_detach_status_reset_stop(cli, tmp_path: Path, mooncake: None) -> 
             assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["PYTHONHASHSEED"] == "0"
             assert env["MOONCAKE_CONFIG_PATH"] == str(Path(record.dir) / "config" / "mooncake.json")
             assert argv[-2:] == ["--dtype", "float32"] and "--enable-prompt-tokens-details" in argv
+            assert env[cpu_binding.BIND_ENV] == r.cpus  # recorded as launched
+        # two CPU replicas never share a pinned core (other vLLM workers on this machine may hold some)
+        binds = [r.cpus or "" for r in record.replicas]
+        assert binds == ["nobind", "nobind"] or not (cpu_binding.parse_ids(binds[0]) & cpu_binding.parse_ids(binds[1]))
+        assert all(cpu_binding.parse_ids(b) for b in binds if b != "nobind")
         mooncake_json = json.loads((Path(record.dir) / "config" / "mooncake.json").read_text())
         assert mooncake_json["master_server_address"] == record.master.rpc_address
         reset = cli("reset", "--run", "t1", "--state-dir", str(tmp_path / "state"), "--connector", "--verify", "--json")
@@ -144,6 +149,23 @@ def test_serve_detach_status_reset_stop(cli, tmp_path: Path, mooncake: None) -> 
     again = cli("stop", "--run", "t1", "--state-dir", str(tmp_path / "state"))
     assert again.exit_code == 0 and "not running" in again.stdout
     assert (Path(record.dir) / "logs" / "r0.log").exists()  # logs stay for the post-mortem
+
+
+def test_a_cpu_binding_the_user_set_wins(cli, tmp_path: Path, mooncake: None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_binding.BIND_ENV, "nobind")
+    result = cli(*serve_args(tmp_path, "bind", "--replicas", "2", "--detach"))
+    assert result.exit_code == 0, result.stderr
+    record = runs.load("bind", tmp_path / "state")
+    try:
+        assert "CPU binding: VLLM_CPU_OMP_THREADS_BIND=nobind set by you" in result.stderr
+        for r in record.replicas:
+            launch = json.loads((Path(record.dir) / "replicas" / r.name / "tmp" / "launch.json").read_text())
+            assert launch["env"][cpu_binding.BIND_ENV] == "nobind" and r.cpus == "nobind"
+        assert "cores" in result.stdout  # the run table shows each replica's cores
+    finally:
+        cli("stop", "--run", "bind", "--state-dir", str(tmp_path / "state"))
+    assert gone(record)
 
 
 def test_bad_model_path_fails_with_the_log_and_leaves_nothing(cli, tmp_path: Path, mooncake: None) -> None:

@@ -130,9 +130,12 @@ def _show_run(record: Any, json_out: bool) -> None:
     if json_out:
         output.print_json(record.to_dict())
         return
-    table = output.table("replica", "url", "pid", "log", title=f"run {record.name} ({record.dir})")
+    cpu = any(r.cpus for r in record.replicas)
+    columns = ("replica", "url", "pid", *(("cores",) if cpu else ()), "log")
+    table = output.table(*columns, title=f"run {record.name} ({record.dir})")
     for r in record.replicas:
-        table.add_row(r.name, r.url, str(r.process.pid if r.process else ""), r.log)
+        cores = (r.cpus or "vLLM's own",) if cpu else ()
+        table.add_row(r.name, r.url, str(r.process.pid if r.process else ""), *cores, r.log)
     output.show(table)
     if record.master is not None:
         m = record.master

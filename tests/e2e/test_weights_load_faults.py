@@ -173,7 +173,7 @@ def test_zz_replica_then_master_killed(stack: Stack) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "kvctl", "reset", "--run", stack.name, "--connector", "--verify",
                              "--json", "--timeout", "5", "--retries", "1", "--state-dir", str(stack.state)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # the reset is priming its canaries by now
+    _wait_until_talking_to(proc.pid, victim.port)  # the reset has reached the victim: kill it now
     procs.stop(victim.process, grace=0)
     out, err = proc.communicate(timeout=600)
     data = json.loads(out)
@@ -196,6 +196,26 @@ def test_zz_replica_then_master_killed(stack: Stack) -> None:
     data = receipt(dead)
     assert data["master"]["error"] and "Mooncake master" in data["master"]["error"]
     assert not data["ok"]
+
+
+def _wait_until_talking_to(pid: int, port: int, timeout: float = 60.0) -> None:
+    """Until process `pid` has a TCP connection to `port` (a reset takes < 1 s now: a fixed sleep
+    could kill the victim after the reset was already over)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(c.raddr and c.raddr.port == port for c in _connections(psutil.Process(pid))):
+                return
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.002)
+    raise AssertionError(f"the reset (pid {pid}) never connected to port {port}")
+
+
+def _connections(proc: "psutil.Process") -> list:  # noqa: F821 - psutil < 6 calls it connections()
+    return (getattr(proc, "net_connections", None) or proc.connections)(kind="tcp")
 
 
 def _free_port() -> int:

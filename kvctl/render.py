@@ -115,6 +115,7 @@ def render(
     ktc = fill(template.kv_transfer_config, values, "kv_transfer_config")
     mooncake = fill(template.mooncake, values, "mooncake") if template.mooncake is not None else None
     env = {k: _env_text(v) for k, v in fill(template.env, values, "env").items()}
+    _check_hash_seed(env)
     notes: list[str] = []
     ktc = fit_kv_transfer_config(ktc, version, notes)
     if mooncake is not None:
@@ -122,6 +123,17 @@ def render(
     bundle = Bundle(template.name, str(version), version_source, values, ktc, mooncake, env, notes)
     _self_check(bundle, version)
     return bundle
+
+
+def _check_hash_seed(env: dict[str, str]) -> None:
+    """Python refuses to start with any other PYTHONHASHSEED: fail here, not in every replica."""
+    seed = env.get("PYTHONHASHSEED")
+    if seed is None or seed == "random":
+        return
+    if not (seed.isascii() and seed.isdigit() and int(seed) <= 4294967295):
+        raise UsageError(f"PYTHONHASHSEED={seed!r} would stop every replica from starting: Python takes 'random' "
+                         "or an integer from 0 to 4294967295",
+                         "set hash_seed to such an integer (--set hash_seed=0), equal on every replica")
 
 
 def check_version(template: Template, version: Version, t: CapabilityTable | None = None) -> None:

@@ -21,8 +21,8 @@ from kvctl.compat import layout_of
 from kvctl.errors import KvctlError, UsageError
 from kvctl.ports import free_port, port_in_use
 from kvctl.runs import MasterRecord, ReplicaRecord, RunRecord
-from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, replica_command, replica_env, \
-    tensor_parallel_size
+from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, owned_flags_in, replica_command, \
+    replica_env, tensor_parallel_size
 
 Event = Callable[..., None]
 DEFAULT_HEALTH_TIMEOUT = 600.0
@@ -60,6 +60,11 @@ def check_spec(spec: ServeSpec) -> None:
         raise UsageError(f"--replicas {spec.replicas}: need at least 1")
     if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
         raise UsageError(f"--base-port {spec.base_port} is not a usable port")
+    owned = owned_flags_in(spec.extra_args)
+    if owned:
+        flag, instead = owned[0]
+        raise UsageError(f"{flag} after -- would override what kvctl serve sets (vLLM takes the last one)",
+                         f"use kvctl serve's {instead} instead")
     if not is_loopback(spec.host) and not spec.allow_remote_admin:
         raise UsageError(
             f"--host {spec.host} would expose the replicas' dev-mode routes (reset, pause, server_info) and the "

@@ -1,0 +1,99 @@
+"""Hostile and careless input is refused with exit 2 and a clear message (issue 10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _user_template(tmp_path: Path, env_block: str) -> Path:
+    folder = tmp_path / "templates"
+    folder.mkdir(exist_ok=True)
+    (folder / "evil.yaml").write_text(
+        "name: evil\ndescription: d\nvllm: '>=0.21.0'\n"
+        "kv_transfer_config: {kv_connector: MooncakeStoreConnector, kv_role: kv_both}\n" + env_block)
+    return folder
+
+
+def test_template_env_names_cannot_carry_shell_commands(cli, tmp_path: Path) -> None:
+    folder = _user_template(tmp_path, 'env: {"PYTHONHASHSEED=0; touch /tmp/kvctl-pwned; X": "1"}\n')
+    out = tmp_path / "bundle"
+    result = cli("config", "render", "evil", "--template-path", str(folder), "--vllm-version", "0.32.0",
+                 "--out", str(out))
+    assert result.exit_code == 2
+    assert "is not an environment variable name" in result.stderr and "touch" in result.stderr
+    assert not out.exists() and not Path("/tmp/kvctl-pwned").exists()
+
+
+def test_a_plain_env_name_still_renders(cli, tmp_path: Path) -> None:
+    folder = _user_template(tmp_path, "env: {MY_VAR_2: '1'}\n")
+    result = cli("config", "render", "evil", "--template-path", str(folder), "--vllm-version", "0.32.0",
+                 "--format", "env")
+    assert result.exit_code == 0, result.stderr
+    assert "MY_VAR_2=1" in result.stdout
+
+
+@pytest.mark.parametrize("seed", ["-5", "4294967296"])
+def test_a_hash_seed_python_refuses_is_refused_at_render(cli, seed: str) -> None:
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set", f"hash_seed={seed}")
+    assert result.exit_code == 2
+    assert "PYTHONHASHSEED" in result.stderr and "0 to 4294967295" in result.stderr
+
+
+@pytest.mark.parametrize("size", ["999999999999999999999999999GB", "2048TB", "\u0663\u0662MB", "2000000GB"])
+def test_absurd_or_non_ascii_sizes_are_refused(cli, size: str) -> None:
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0",
+                 "--set", f"global_segment_size={size}")
+    assert result.exit_code == 2, result.stdout
+    assert "global_segment_size" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["\u0663", "9" * 4400])  # an Arabic-Indic 3; more digits than int() takes
+def test_non_ascii_or_endless_digits_are_not_an_int(cli, value: str) -> None:
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set", f"hash_seed={value}")
+    assert result.exit_code == 2
+    assert "hash_seed expects int" in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--url", "http://alice:s3cret-pw@127.0.0.1:8000"],
+    ["--url", "http://127.0.0.1:8000", "--master", "http://bob:s3cret-pw@127.0.0.1:9003"],
+])
+def test_credentials_in_urls_are_refused_and_never_printed(cli, args: list[str]) -> None:
+    result = cli("reset", *args, "--connector", "--dry-run", "--json")
+    assert result.exit_code == 2
+    assert "carries credentials" in result.stderr and "***@127.0.0.1" in result.stderr
+    assert "s3cret-pw" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--url", "http://[::1"], "is not a URL"),
+    (["--url", "http://127.0.0.1:8000", "--master", "ftp://127.0.0.1:9003"], "not an http address"),
+    (["--url", "http://127.0.0.1:8000", "--master", "::1:9003"], "is not HOST:PORT"),
+])
+def test_unusable_addresses_are_usage_errors_not_internal_errors(cli, args: list[str], message: str) -> None:
+    result = cli("reset", *args, "--dry-run")
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["--", "--host", "0.0.0.0"], "--host"),
+    (["--", "--dtype", "float32", "--host=0.0.0.0"], "--host"),
+    (["--", "--port", "8000"], "--port"),
+    (["--", "--kv-transfer-config", "{}"], "--kv-transfer-config"),
+])
+def test_serve_flags_after_dashdash_cannot_override_kvctls(cli, tmp_path: Path, extra: list[str], flag: str) -> None:
+    state = tmp_path / "state"
+    result = cli("serve", str(tmp_path), "--state-dir", str(state), "--name", "x", *extra)
+    assert result.exit_code == 2
+    assert f"{flag} after -- would override what kvctl serve sets" in result.stderr
+    assert not (state / "runs" / "x").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("host", ["127.evil.example", "127.0.0.1.nip.example"])
+def test_a_name_that_only_looks_like_loopback_is_not_loopback(cli, tmp_path: Path, host: str) -> None:
+    result = cli("serve", str(tmp_path), "--host", host, "--state-dir", str(tmp_path / "state"))
+    assert result.exit_code == 2
+    assert "--allow-remote-admin" in result.stderr

@@ -97,3 +97,29 @@ def test_a_name_that_only_looks_like_loopback_is_not_loopback(cli, tmp_path: Pat
     result = cli("serve", str(tmp_path), "--host", host, "--state-dir", str(tmp_path / "state"))
     assert result.exit_code == 2
     assert "--allow-remote-admin" in result.stderr
+
+
+def test_text_that_looks_like_markup_is_printed_not_parsed(cli, tmp_path: Path) -> None:
+    result = cli("config", "render", "foo[/]")
+    assert result.exit_code == 2 and "foo[/]" in result.stderr and "internal error" not in result.stderr
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "m.yaml").write_text(
+        "name: m\ndescription: 'a [/] b [bold]c'\nvllm: '>=0.21.0'\n"
+        "parameters: {p: {type: str, default: '[/x]', help: 'h [/]'}}\n"
+        "kv_transfer_config: {kv_connector: MooncakeStoreConnector, kv_role: kv_both}\n"
+        "notes: ['n [/]']\n")
+    for args in (["config", "list"], ["config", "show", "m"]):
+        shown = cli(*args, "--template-path", str(folder))
+        assert shown.exit_code == 0, shown.stderr
+        assert "a [/] b [bold]c" in shown.stdout
+
+
+def test_a_server_version_that_looks_like_markup_is_printed(cli) -> None:
+    from .doubles import DoubleFleet, VllmDouble
+
+    with DoubleFleet() as fleet:
+        url = fleet.add(VllmDouble("0.32.0"))
+        fleet.replicas[0].version = "[/oops]"  # what a broken or hostile server could say
+        result = cli("reset", "--url", url, "--dry-run")
+    assert "internal error" not in result.stderr and "MarkupError" not in result.stderr

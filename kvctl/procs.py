@@ -54,11 +54,38 @@ def spawn(command: list[str], env: dict[str, str], log_path: Path, name: str,
           cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], ProcessRef]:
     """Start `command` in its own session with stdout+stderr appended to log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    before = children()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, start_new_session=True)
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, cwd=cwd, start_new_session=True)
+        except BaseException:
+            kill_new_children(before)  # Ctrl-C inside Popen: the child may exist without a handle
+            raise
     started = start_time_of(proc.pid)
     return proc, ProcessRef(proc.pid, started if started is not None else time.time(), name)
+
+
+def children() -> set[int]:
+    """PIDs of this process's direct children."""
+    import psutil
+
+    return {c.pid for c in psutil.Process().children()}
+
+
+def kill_new_children(before: set[int]) -> None:
+    """Kill this process's children that were not there `before`: a launch interrupted between
+    fork and Popen's return leaves a child nobody has a handle on."""
+    import psutil
+
+    for child in psutil.Process().children():
+        if child.pid in before:
+            continue
+        try:
+            child.kill()
+            child.wait(5)
+        except (psutil.Error, psutil.TimeoutExpired):
+            continue
 
 
 def stop(ref: ProcessRef, grace: float = 10.0) -> StopResult:

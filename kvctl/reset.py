@@ -558,12 +558,22 @@ class _Canary:
         delta = after.delta(before)
         result.local_hits, result.external_hits = delta.local_hits, delta.external_hits
         result.cached_tokens = _cached_tokens(outcome)
+        counted = (delta.local_hits or 0) + (delta.external_hits or 0)
+        counters_say = f"{delta.local_hits or 0:g} local + {delta.external_hits or 0:g} external hit token(s)"
+        if self.signal == "cached_tokens" and result.cached_tokens is None:
+            # the per-request signal that proved the canary before the reset is gone: never pass on that
+            if counted > 0:
+                result.error = ("the canary's answer after the reset has no cached_tokens, and the replica's "
+                                f"counters show {counters_say} (stale KV survives)")
+            else:
+                result.error = ("inconclusive: the canary's answer after the reset has no "
+                                "usage.prompt_tokens_details.cached_tokens (it had one before): not verified")
+            return result
         if self.signal == "cached_tokens":
             stale = result.cached_tokens or 0
             what = f"{stale:g} cached token(s)"
         else:
-            stale = (delta.local_hits or 0) + (delta.external_hits or 0)
-            what = f"{delta.local_hits or 0:g} local + {delta.external_hits or 0:g} external hit token(s)"
+            stale, what = counted, counters_say
         result.ok = stale == 0
         if not result.ok:
             result.error = f"the canary still hit the cache after the reset: {what} (stale KV survives)"

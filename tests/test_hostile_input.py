@@ -123,3 +123,33 @@ def test_a_server_version_that_looks_like_markup_is_printed(cli) -> None:
         fleet.replicas[0].version = "[/oops]"  # what a broken or hostile server could say
         result = cli("reset", "--url", url, "--dry-run")
     assert "internal error" not in result.stderr and "MarkupError" not in result.stderr
+
+
+def test_verify_never_passes_when_the_canarys_signal_goes_missing() -> None:
+    """A canary proved by cached_tokens before the reset, whose answers after it carry
+    prompt_tokens_details: null: hits on the counters fail it, no hits leave it inconclusive."""
+    import asyncio
+
+    import httpx
+
+    from kvctl.reset import ResetOptions, _Canary
+    from kvctl.vllm_client import VllmClient
+
+    from .doubles import DoubleFleet, VllmDouble
+
+    async def scenario(url: str, double: VllmDouble) -> tuple:
+        async with VllmClient(url) as client:
+            canary = await _Canary.prime(client, ResetOptions(verify=True))
+            assert canary.signal == "cached_tokens" and canary.primed and canary.error is None
+            double.prompt_tokens_details = False  # the server stops reporting the per-request signal
+            stale = await canary.check(client)  # nothing was reset: the counters show the hit
+            httpx.post(f"{url}/reset_prefix_cache", trust_env=False).raise_for_status()
+            clean = await canary.check(client)  # reset for real: no hit, but no proof either
+            return stale, clean
+
+    with DoubleFleet() as fleet:
+        double = VllmDouble("0.32.0")
+        url = fleet.add(double)
+        stale, clean = asyncio.run(scenario(url, double))
+    assert stale.ok is False and "counters show" in stale.error and "stale KV survives" in stale.error
+    assert clean.ok is False and clean.error.startswith("inconclusive") and "not verified" in clean.error

@@ -125,16 +125,26 @@ async def _plan_replica(replica: Replica, options: ResetOptions, http: HttpPool)
 
 
 async def _learn_layout(client: VllmClient, replica: Replica, version: Version, rp: ReplicaPlan) -> None:
-    """Which connector the replica runs: the inventory's word, else the server's /server_info."""
-    if replica.connector:
-        rp.layout, rp.layout_source = [replica.connector], "inventory"
-    elif table().has(version, "http.server_info"):
+    """Which connector the replica runs: the server's /server_info, checked against the inventory's
+    word when both exist (a wrong inventory must not plan the wrong reset); the inventory's word
+    alone where the server cannot say."""
+    served: list[str] | None = None
+    if table().has(version, "http.server_info"):
         try:
-            rp.layout = layout_of(await client.kv_transfer_config())
-            rp.layout_source = "server_info"
+            served = layout_of(await client.kv_transfer_config())
         except ServerError as exc:
-            rp.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
-            return
+            if not replica.connector:
+                rp.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
+                return
+    if replica.connector and served is not None and replica.connector not in served:
+        rp.error = (f"the inventory says connector {replica.connector}, but the server runs "
+                    f"{' + '.join(served) or 'no connector'} (its /server_info): fix or remove `connector:` for "
+                    "this replica in the inventory")
+        return
+    if served is not None:
+        rp.layout, rp.layout_source = served, "server_info"
+    elif replica.connector:
+        rp.layout, rp.layout_source = [replica.connector], "inventory"
     else:
         rp.layout_source = "unknown (no /server_info before 0.13.0)"
     rp.store_cleared_by_vllm = _vllm_clears_store(version, rp.layout)

@@ -153,3 +153,27 @@ def test_verify_never_passes_when_the_canarys_signal_goes_missing() -> None:
         stale, clean = asyncio.run(scenario(url, double))
     assert stale.ok is False and "counters show" in stale.error and "stale KV survives" in stale.error
     assert clean.ok is False and clean.error.startswith("inconclusive") and "not verified" in clean.error
+
+
+def test_the_readmes_deploy_recipe_works_in_a_real_shell(cli, tmp_path: Path) -> None:
+    """The README's `--out` recipe, run by /bin/sh with a stand-in `vllm` that prints its argv:
+    vLLM must get `--kv-transfer-config` followed by the JSON itself (no leftover quotes)."""
+    import json
+    import re
+    import subprocess
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    recipe = re.search(r"^\$ ((?:source|\.) deploy/kvctl\.env && vllm serve MODEL .*)$", readme, re.M)
+    assert recipe, "the README lost its deploy recipe"
+    out = tmp_path / "deploy"
+    assert cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--out", str(out)).exit_code == 0
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "vllm").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\0" "$a"; done\n')
+    (bindir / "vllm").chmod(0o755)
+    shell = subprocess.run(["/bin/sh", "-c", recipe.group(1)], cwd=tmp_path, capture_output=True, text=True,
+                           env={"PATH": f"{bindir}:/usr/bin:/bin"})
+    assert shell.returncode == 0, shell.stderr
+    argv = shell.stdout.split("\0")
+    assert argv[:3] == ["serve", "MODEL", "--kv-transfer-config"]
+    assert json.loads(argv[3]) == json.loads((out / "kv_transfer_config.json").read_text())

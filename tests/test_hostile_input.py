@@ -177,3 +177,35 @@ def test_the_readmes_deploy_recipe_works_in_a_real_shell(cli, tmp_path: Path) ->
     argv = shell.stdout.split("\0")
     assert argv[:3] == ["serve", "MODEL", "--kv-transfer-config"]
     assert json.loads(argv[3]) == json.loads((out / "kv_transfer_config.json").read_text())
+
+
+def test_stop_kills_what_a_dead_replica_left_in_its_session(tmp_path: Path) -> None:
+    """The replica's main process died (e.g. OOM-killed) but its child lives on (as vLLM's engine
+    core would): kvctl stop finds it by the session kvctl started, and stops it."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from kvctl import procs
+
+    script = tmp_path / "replica.sh"
+    script.write_text("#!/bin/sh\nsleep 300 &\necho $! > child.pid\nwait\n")
+    script.chmod(0o755)
+    proc, ref = procs.spawn([str(script)], dict(os.environ), tmp_path / "r.log", "replica r0", cwd=tmp_path)
+    pid_file = tmp_path / "child.pid"
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(ref.pid, signal.SIGKILL)  # the main process dies; its child does not
+    proc.wait(5)
+    assert psutil.pid_exists(child)
+    assert procs.stop(ref, grace=2) in ("stopped", "killed")
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the orphaned child of the dead replica is still running"
+        time.sleep(0.05)
+    assert procs.stop(ref) == "not running"  # idempotent

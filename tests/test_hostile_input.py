@@ -209,3 +209,52 @@ def test_stop_kills_what_a_dead_replica_left_in_its_session(tmp_path: Path) -> N
         assert time.monotonic() < deadline, "the orphaned child of the dead replica is still running"
         time.sleep(0.05)
     assert procs.stop(ref) == "not running"  # idempotent
+
+
+BOMB = ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+        "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n")
+
+
+def _quick(cli, *args: str):  # noqa: ANN202
+    import time
+
+    began = time.monotonic()
+    result = cli(*args)
+    assert time.monotonic() - began < 2.0, "a hostile file must be refused in well under a second"
+    return result
+
+
+def test_an_alias_bomb_in_a_config_is_refused_fast(cli, tmp_path: Path) -> None:
+    config = tmp_path / "ktc.yaml"
+    config.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\nkv_connector_extra_config:\n"
+                      + "".join("  " + line + "\n" for line in BOMB.splitlines()))
+    result = _quick(cli, "config", "validate", str(config), "--vllm-version", "0.32.0")
+    assert result.exit_code == 2 and "alias" in result.stderr and "no problems found" not in result.stdout
+
+
+def test_an_alias_bomb_in_a_user_template_is_refused_fast(cli, tmp_path: Path) -> None:
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "bomb.yaml").write_text("name: bomb\ndescription: d\nvllm: '>=0.21.0'\n"
+                                      "kv_transfer_config: {kv_connector: MooncakeStoreConnector, kv_role: kv_both}\n"
+                                      + BOMB)
+    result = _quick(cli, "config", "list", "--template-path", str(folder))
+    assert result.exit_code == 2 and "alias" in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_deep_nesting_is_a_usage_error_not_a_recursion_error(cli, tmp_path: Path, suffix: str) -> None:
+    deep = tmp_path / f"deep{suffix}"
+    deep.write_text("[" * 3000 + "]" * 3000)
+    result = _quick(cli, "config", "validate", str(deep), "--vllm-version", "0.32.0")
+    assert result.exit_code == 2 and "internal error" not in result.stderr and "RecursionError" not in result.stderr
+
+
+def test_a_huge_file_is_refused_before_it_is_parsed(cli, tmp_path: Path) -> None:
+    from kvctl import yamlio
+
+    big = tmp_path / "big.yaml"
+    big.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\n" + "# padding\n" * (yamlio.MAX_BYTES // 10))
+    result = _quick(cli, "config", "validate", str(big), "--vllm-version", "0.32.0")
+    assert result.exit_code == 2 and "more than kvctl reads" in result.stderr

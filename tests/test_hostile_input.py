@@ -258,3 +258,41 @@ def test_a_huge_file_is_refused_before_it_is_parsed(cli, tmp_path: Path) -> None
     big.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\n" + "# padding\n" * (yamlio.MAX_BYTES // 10))
     result = _quick(cli, "config", "validate", str(big), "--vllm-version", "0.32.0")
     assert result.exit_code == 2 and "more than kvctl reads" in result.stderr
+
+
+def _render_out(cli, out: str):  # noqa: ANN202
+    return cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--out", out)
+
+
+def test_out_into_a_folder_with_a_directory_where_a_file_belongs_writes_nothing(cli, tmp_path: Path) -> None:
+    out = tmp_path / "deploy"
+    assert _render_out(cli, str(out)).exit_code == 0
+    before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    (out / "mooncake.json").unlink()
+    (out / "mooncake.json").mkdir()  # a folder where a file belongs
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set", "hash_seed=7",
+                 "--out", str(out))
+    assert result.exit_code == 2 and "are not files; nothing was written" in result.stderr
+    after = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    assert after == {k: v for k, v in before.items() if k != "mooncake.json"}  # all old, none new
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging files left
+
+
+def test_out_edge_cases(cli, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    empty = _render_out(cli, "")
+    assert empty.exit_code == 2 and "empty folder name" in empty.stderr
+    out = tmp_path / "deploy"
+    assert _render_out(cli, str(out)).exit_code == 0
+    assert _render_out(cli, str(out)).exit_code == 0  # replaced in place
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert all(mode & 0o044 for mode in modes.values()), modes  # not 0600 after a replace
+    assert stat.S_IMODE(out.stat().st_mode) & 0o055
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        result = _render_out(cli, str(locked))
+        assert result.exit_code == 2 and "cannot write there" in result.stderr

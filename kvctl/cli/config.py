@@ -85,7 +85,7 @@ def render(
     set_: SetOpt = None,
     vllm_version: VllmVersionOpt = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="What to print.")] = Format.verl,
-    out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR",
+    out_arg: Annotated[Optional[str], typer.Option("--out", metavar="DIR",
                    help="Write every format into DIR as files (atomically) instead of printing.")] = None,
     template_path: TemplatePathOpt = None,
 ) -> None:
@@ -99,6 +99,12 @@ def render(
     from kvctl.render import render as do_render
     from kvctl.render import write_bundle
 
+    from kvctl.errors import UsageError
+
+    if out_arg is not None and not out_arg.strip():
+        raise UsageError("--out '': an empty folder name (it would mean the current folder)",
+                         "give a folder, e.g. --out ./deploy (use --out . for the current folder)")
+    out = Path(out_arg) if out_arg is not None else None
     overrides = templates.parse_overrides(set_ or [])
     version, source = resolve_target(vllm_version)
     template = templates.load(name, template_path)

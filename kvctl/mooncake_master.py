@@ -22,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 
+from kvctl import procs
 from kvctl.errors import KvctlError
 from kvctl.http_base import HttpClientBase, HttpPool, HttpResponse, TransportError
 from kvctl.ports import free_port, port_in_use
@@ -289,6 +290,7 @@ class MasterProcess:
         self.start_time: float | None = None  # the process's creation time (epoch s), vs pid reuse
         self.ready_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self.on_launch: Callable[[MasterProcess], None] | None = None
         self._log: IO[bytes] | None = None
 
     # -- addresses
@@ -369,6 +371,9 @@ class MasterProcess:
                 # Another process took a self-chosen port between our check and the bind: retry.
                 if attempt == attempts or not self._busy_ports():
                     raise
+            except BaseException:  # Ctrl-C, SIGTERM (raised by a handler), anything: leave nothing running
+                self.stop()
+                raise
         raise AssertionError("unreachable")
 
     def _free_port_except(self, taken: int | None) -> int:
@@ -380,6 +385,7 @@ class MasterProcess:
     def _launch(self) -> None:
         command = self.command()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        children_before = procs.children()
         try:
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
                                           stderr=subprocess.STDOUT, env=self.env,
@@ -388,8 +394,15 @@ class MasterProcess:
             self._log.close()
             self._log = None
             raise MasterError(f"cannot run {command[0]}: {exc}", INSTALL_HINT) from None
+        except BaseException:  # interrupted inside Popen: the child may exist, but we have no handle
+            procs.kill_new_children(children_before)
+            self._log.close()
+            self._log = None
+            raise
         self.pid = self._proc.pid
         self.start_time = _process_start_time(self.pid)
+        if self.on_launch is not None:
+            self.on_launch(self)  # e.g. record the process before waiting for it to be ready
 
     def _wait_ready(self, timeout: float) -> None:
         assert self._proc is not None

@@ -54,11 +54,38 @@ def spawn(command: list[str], env: dict[str, str], log_path: Path, name: str,
           cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], ProcessRef]:
     """Start `command` in its own session with stdout+stderr appended to log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    before = children()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, start_new_session=True)
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, cwd=cwd, start_new_session=True)
+        except BaseException:
+            kill_new_children(before)  # Ctrl-C inside Popen: the child may exist without a handle
+            raise
     started = start_time_of(proc.pid)
     return proc, ProcessRef(proc.pid, started if started is not None else time.time(), name)
+
+
+def children() -> set[int]:
+    """PIDs of this process's direct children."""
+    import psutil
+
+    return {c.pid for c in psutil.Process().children()}
+
+
+def kill_new_children(before: set[int]) -> None:
+    """Kill this process's children that were not there `before`: a launch interrupted between
+    fork and Popen's return leaves a child nobody has a handle on."""
+    import psutil
+
+    for child in psutil.Process().children():
+        if child.pid in before:
+            continue
+        try:
+            child.kill()
+            child.wait(5)
+        except (psutil.Error, psutil.TimeoutExpired):
+            continue
 
 
 def stop(ref: ProcessRef, grace: float = 10.0) -> StopResult:
@@ -66,6 +93,15 @@ def stop(ref: ProcessRef, grace: float = 10.0) -> StopResult:
     import psutil
 
     if not is_ours(ref):
+        # the main process is gone, but what it started may live on in its process group
+        orphans = _orphans(ref)
+        if orphans:
+            _signal_all(orphans, signal.SIGTERM)
+            _, alive = psutil.wait_procs(orphans, timeout=min(grace, 5.0))
+            _signal_all(alive, signal.SIGKILL)
+            psutil.wait_procs(alive, timeout=5.0)
+            _reap_if_zombie(ref)
+            return "stopped" if not alive else "killed"
         if _reap_if_zombie(ref):
             return "not running"
         return "not running" if start_time_of(ref.pid) is None else "not ours"
@@ -87,6 +123,28 @@ def stop(ref: ProcessRef, grace: float = 10.0) -> StopResult:
     _signal_all(family, signal.SIGKILL)
     psutil.wait_procs(family, timeout=5.0)
     return "killed"
+
+
+def _orphans(ref: ProcessRef) -> list:  # noqa: ANN401 - psutil.Process
+    """Live processes of the session `ref` led (kvctl starts each in its own session, so the session
+    id is the leader's pid), started after it: children left behind when the leader died. A process
+    that merely got the leader's pid later leads a session of its own, started later too, so the
+    session id alone is not proof; the start time rules out sessions older than the record."""
+    import os
+
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["create_time"]):
+        if proc.pid == ref.pid:
+            continue
+        try:
+            if os.getsid(proc.pid) == ref.pid and (proc.info["create_time"] or 0) >= ref.start_time - START_TIME_TOLERANCE:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def _reap_if_zombie(ref: ProcessRef) -> bool:

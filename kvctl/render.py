@@ -115,6 +115,7 @@ def render(
     ktc = fill(template.kv_transfer_config, values, "kv_transfer_config")
     mooncake = fill(template.mooncake, values, "mooncake") if template.mooncake is not None else None
     env = {k: _env_text(v) for k, v in fill(template.env, values, "env").items()}
+    _check_hash_seed(env)
     notes: list[str] = []
     ktc = fit_kv_transfer_config(ktc, version, notes)
     if mooncake is not None:
@@ -122,6 +123,17 @@ def render(
     bundle = Bundle(template.name, str(version), version_source, values, ktc, mooncake, env, notes)
     _self_check(bundle, version)
     return bundle
+
+
+def _check_hash_seed(env: dict[str, str]) -> None:
+    """Python refuses to start with any other PYTHONHASHSEED: fail here, not in every replica."""
+    seed = env.get("PYTHONHASHSEED")
+    if seed is None or seed == "random":
+        return
+    if not (seed.isascii() and seed.isdigit() and int(seed) <= 4294967295):
+        raise UsageError(f"PYTHONHASHSEED={seed!r} would stop every replica from starting: Python takes 'random' "
+                         "or an integer from 0 to 4294967295",
+                         "set hash_seed to such an integer (--set hash_seed=0), equal on every replica")
 
 
 def check_version(template: Template, version: Version, t: CapabilityTable | None = None) -> None:
@@ -214,7 +226,8 @@ def _self_check(bundle: Bundle, version: Version) -> None:
 
 
 def write_bundle(bundle: Bundle, out_dir: Path) -> list[Path]:
-    """Write every format into out_dir; all or nothing (everything is rendered before any write)."""
+    """Write every format into out_dir; all or nothing (everything is rendered and checked before
+    any write; files are written aside and renamed into place)."""
     files = bundle.files()
     out_dir = out_dir.expanduser()
     if out_dir.exists() and not out_dir.is_dir():
@@ -222,9 +235,23 @@ def write_bundle(bundle: Bundle, out_dir: Path) -> list[Path]:
     parent = out_dir.resolve().parent
     if not parent.is_dir():
         raise UsageError(f"--out {out_dir}: the parent folder {parent} does not exist", "create it first")
-    if not out_dir.exists():
-        return _write_new_dir(files, out_dir)
-    return _replace_files(files, out_dir)
+    blocked = [n for n in files if (out_dir / n).exists() and not (out_dir / n).is_file()]
+    if blocked:
+        raise UsageError(f"--out {out_dir}: {', '.join(blocked)} exist(s) there and are not files; nothing was written",
+                         "remove them, or give another folder")
+    try:
+        if not out_dir.exists():
+            return _write_new_dir(files, out_dir)
+        return _replace_files(files, out_dir)
+    except PermissionError as exc:
+        raise UsageError(f"--out {out_dir}: cannot write there ({exc.strerror}); nothing was written",
+                         "give a folder you can write to") from None
+
+
+def _default_mode(mode: int) -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
 
 
 def _write_new_dir(files: dict[str, str], out_dir: Path) -> list[Path]:
@@ -232,6 +259,7 @@ def _write_new_dir(files: dict[str, str], out_dir: Path) -> list[Path]:
     try:
         for name, text in files.items():
             (staging / name).write_text(text, "utf-8")
+        staging.chmod(_default_mode(0o777))  # mkdtemp makes it 0700
         os.rename(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -246,7 +274,10 @@ def _replace_files(files: dict[str, str], out_dir: Path) -> list[Path]:
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
-            staged.append((Path(tmp), out_dir / name))
+            final = out_dir / name
+            # mkstemp makes 0600: keep the replaced file's mode, else the usual one
+            os.chmod(tmp, final.stat().st_mode & 0o777 if final.exists() else _default_mode(0o666))
+            staged.append((Path(tmp), final))
         for tmp, final in staged:
             os.replace(tmp, final)
     except BaseException:

@@ -125,16 +125,26 @@ async def _plan_replica(replica: Replica, options: ResetOptions, http: HttpPool)
 
 
 async def _learn_layout(client: VllmClient, replica: Replica, version: Version, rp: ReplicaPlan) -> None:
-    """Which connector the replica runs: the inventory's word, else the server's /server_info."""
-    if replica.connector:
-        rp.layout, rp.layout_source = [replica.connector], "inventory"
-    elif table().has(version, "http.server_info"):
+    """Which connector the replica runs: the server's /server_info, checked against the inventory's
+    word when both exist (a wrong inventory must not plan the wrong reset); the inventory's word
+    alone where the server cannot say."""
+    served: list[str] | None = None
+    if table().has(version, "http.server_info"):
         try:
-            rp.layout = layout_of(await client.kv_transfer_config())
-            rp.layout_source = "server_info"
+            served = layout_of(await client.kv_transfer_config())
         except ServerError as exc:
-            rp.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
-            return
+            if not replica.connector:
+                rp.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
+                return
+    if replica.connector and served is not None and replica.connector not in served:
+        rp.error = (f"the inventory says connector {replica.connector}, but the server runs "
+                    f"{' + '.join(served) or 'no connector'} (its /server_info): fix or remove `connector:` for "
+                    "this replica in the inventory")
+        return
+    if served is not None:
+        rp.layout, rp.layout_source = served, "server_info"
+    elif replica.connector:
+        rp.layout, rp.layout_source = [replica.connector], "inventory"
     else:
         rp.layout_source = "unknown (no /server_info before 0.13.0)"
     rp.store_cleared_by_vllm = _vllm_clears_store(version, rp.layout)
@@ -558,12 +568,22 @@ class _Canary:
         delta = after.delta(before)
         result.local_hits, result.external_hits = delta.local_hits, delta.external_hits
         result.cached_tokens = _cached_tokens(outcome)
+        counted = (delta.local_hits or 0) + (delta.external_hits or 0)
+        counters_say = f"{delta.local_hits or 0:g} local + {delta.external_hits or 0:g} external hit token(s)"
+        if self.signal == "cached_tokens" and result.cached_tokens is None:
+            # the per-request signal that proved the canary before the reset is gone: never pass on that
+            if counted > 0:
+                result.error = ("the canary's answer after the reset has no cached_tokens, and the replica's "
+                                f"counters show {counters_say} (stale KV survives)")
+            else:
+                result.error = ("inconclusive: the canary's answer after the reset has no "
+                                "usage.prompt_tokens_details.cached_tokens (it had one before): not verified")
+            return result
         if self.signal == "cached_tokens":
             stale = result.cached_tokens or 0
             what = f"{stale:g} cached token(s)"
         else:
-            stale = (delta.local_hits or 0) + (delta.external_hits or 0)
-            what = f"{delta.local_hits or 0:g} local + {delta.external_hits or 0:g} external hit token(s)"
+            stale, what = counted, counters_say
         result.ok = stale == 0
         if not result.ok:
             result.error = f"the canary still hit the cache after the reset: {what} (stale KV survives)"

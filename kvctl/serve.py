@@ -21,8 +21,8 @@ from kvctl.compat import layout_of
 from kvctl.errors import KvctlError, UsageError
 from kvctl.ports import free_port, port_in_use
 from kvctl.runs import MasterRecord, ReplicaRecord, RunRecord
-from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, replica_command, replica_env, \
-    tensor_parallel_size
+from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, owned_flags_in, replica_command, \
+    replica_env, tensor_parallel_size
 
 Event = Callable[..., None]
 DEFAULT_HEALTH_TIMEOUT = 600.0
@@ -60,6 +60,11 @@ def check_spec(spec: ServeSpec) -> None:
         raise UsageError(f"--replicas {spec.replicas}: need at least 1")
     if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
         raise UsageError(f"--base-port {spec.base_port} is not a usable port")
+    owned = owned_flags_in(spec.extra_args)
+    if owned:
+        flag, instead = owned[0]
+        raise UsageError(f"{flag} after -- would override what kvctl serve sets (vLLM takes the last one)",
+                         f"use kvctl serve's {instead} instead")
     if not is_loopback(spec.host) and not spec.allow_remote_admin:
         raise UsageError(
             f"--host {spec.host} would expose the replicas' dev-mode routes (reset, pause, server_info) and the "
@@ -132,13 +137,21 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
                  f"--http_metadata_server_host={spec.host}"]
     master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log", extra_args=extra)
     run_dir.joinpath("logs").mkdir(parents=True, exist_ok=True)
-    master.start()
-    ref = procs.ProcessRef(master.pid or 0, master.start_time or time.time(), "mooncake_master")
-    rec = MasterRecord(True, master.rpc_address, master.admin_address, ref, str(master.log_path))
-    record.master = rec
-    record.save()
-    emit("master_ready", master=rec, seconds=master.ready_seconds)
-    return rec
+
+    def recorded(m: MasterProcess) -> None:  # in run.json as soon as it exists: kvctl stop finds it
+        ref = procs.ProcessRef(m.pid or 0, m.start_time or time.time(), "mooncake_master")
+        record.master = MasterRecord(True, m.rpc_address, m.admin_address, ref, str(m.log_path))
+        record.save()
+
+    master.on_launch = recorded
+    try:
+        master.start()  # stops what it launched on any exception, Ctrl-C included
+    except BaseException:
+        master.stop()
+        raise
+    assert record.master is not None
+    emit("master_ready", master=record.master, seconds=master.ready_seconds)
+    return record.master
 
 
 def _render(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_dir: Path) -> Any:
@@ -186,9 +199,13 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
         command = replica_command(install, spec.model, spec.host, port, bundle.kv_transfer_config, spec.extra_args)
         log = record.path / "logs" / f"{name}.log"
         _, ref = procs.spawn(command, env, log, f"replica {name}", cwd=private)
-        record.replicas.append(ReplicaRecord(name, f"http://{_url_host(spec.host)}:{port}", port, ref, str(log), gpu,
-                                             env.get(cpu_binding.BIND_ENV) if install.cpu else None))
-        record.save()
+        try:  # recorded before anything else can interrupt: stop_run must know every process
+            record.replicas.append(ReplicaRecord(name, f"http://{_url_host(spec.host)}:{port}", port, ref,
+                                                 str(log), gpu, env.get(cpu_binding.BIND_ENV) if install.cpu else None))
+            record.save()
+        except BaseException:
+            procs.stop(ref, grace=0)
+            raise
         emit("replica_started", replica=record.replicas[-1])
 
 

@@ -56,9 +56,10 @@ def normalize_url(url: str, where: str) -> str:
         raise UsageError(f"{where}: empty URL", "give http://HOST:PORT")
     if "://" not in text:
         text = f"http://{text}"
-    parsed = urlparse(text)
+    parsed = _parse(text, url, where, "give http://HOST:PORT")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise UsageError(f"{where}: '{url}' is not an http(s) URL", "give http://HOST:PORT")
+        raise UsageError(f"{where}: '{redact(url)}' is not an http(s) URL", "give http://HOST:PORT")
+    _refuse_credentials(parsed, url, where)
     try:
         parsed.port
     except ValueError:
@@ -69,12 +70,44 @@ def normalize_url(url: str, where: str) -> str:
 def normalize_master(address: str, where: str) -> str:
     text = address.strip()
     if "://" in text:
-        text = urlparse(text).netloc
+        parsed = _parse(text, address, where, "give the master's admin/metrics port, e.g. 127.0.0.1:9003")
+        if parsed.scheme not in ("http", "https"):
+            raise UsageError(f"{where}: '{redact(address)}' is not an http address of a Mooncake master",
+                             "give HOST:PORT of its admin/metrics port, e.g. 127.0.0.1:9003")
+        _refuse_credentials(parsed, address, where)
+        text = parsed.netloc
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"{where}: '{address}' is not HOST:PORT",
-                         "give the master's admin/metrics port, e.g. 127.0.0.1:9003")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not sep or not host or bare_ipv6 or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{where}: '{redact(address)}' is not HOST:PORT",
+                         "give the master's admin/metrics port, e.g. 127.0.0.1:9003 or [::1]:9003")
     return text
+
+
+def redact(url: str) -> str:
+    """The URL without a password (for messages): http://user:pw@h:p -> http://***@h:p."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    at = rest.rfind("@", 0, (rest.find("/") + 1 or len(rest) + 1) - 1)
+    if at < 0:
+        return url
+    return f"{scheme}{sep}***@{rest[at + 1:]}"
+
+
+def _parse(text: str, original: str, where: str, fix: str) -> Any:
+    try:
+        return urlparse(text)
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        raise UsageError(f"{where}: '{redact(original)}' is not a URL ({exc})", fix) from None
+
+
+def _refuse_credentials(parsed: Any, original: str, where: str) -> None:
+    if parsed.username is not None or parsed.password is not None:
+        raise UsageError(f"{where}: '{redact(original)}' carries credentials; kvctl does not send them and would "
+                         "print them in its output",
+                         "remove the user:password@ part (the dev routes have no authentication; for /v1 "
+                         "use --api-key or VLLM_API_KEY)")
 
 
 def default_name(url: str) -> str:

@@ -25,6 +25,9 @@ from kvctl import yamlio
 from kvctl.errors import UsageError
 from kvctl.sizes import parse_size
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+INT_TEXT = re.compile(r"^\s*[+-]?[0-9]{1,19}\s*$", re.ASCII)
+
 TEMPLATE_PATH_ENV = "KVCTL_TEMPLATE_PATH"
 PARAM_TYPES = ("str", "int", "float", "bool", "size", "choice", "path")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -78,8 +81,8 @@ def _to_bool(_: Parameter, value: Any) -> bool:
 
 
 def _to_int(_: Parameter, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(value)
+    if isinstance(value, bool) or not INT_TEXT.match(str(value)):
+        raise ValueError(value)  # only ASCII digits: what the programs that read these values accept
     return int(str(value).strip())
 
 
@@ -296,6 +299,11 @@ def parse_template(raw: Any, origin: str, expected_name: str | None = None) -> T
     env = raw.get("env") or {}
     if not isinstance(env, dict):
         raise UsageError(f"{where}: env must be a mapping of NAME: value")
+    for key in env:
+        # rendered into a file that users `source`: anything but a plain name could run commands
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise UsageError(f"{where}: env name {str(key)!r} is not an environment variable name",
+                             "use letters, digits and '_', not starting with a digit")
     template = Template(
         name=name,
         description=str(raw["description"]).strip(),

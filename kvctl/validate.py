@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 import yaml
 from packaging.version import Version
 
+from kvctl import yamlio
 from kvctl.capabilities import table
 from kvctl.errors import UsageError
 from kvctl.render import BUNDLE_FILES, MANIFEST, VERL_PATH
@@ -667,7 +668,10 @@ def parse_document(path: Path) -> tuple[Any, yaml.Node | None]:
         except json.JSONDecodeError as exc:
             raise UsageError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}",
                              f"fix the JSON at line {exc.lineno}") from None
+        except RecursionError:
+            raise UsageError(f"{path}: nested too deeply to be a config", "flatten it") from None
     try:
+        yamlio.check(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         if not is_json:
             data = yaml.safe_load(text)

@@ -150,4 +150,36 @@ def tensor_parallel_size(extra_args: list[str]) -> int:
 
 
 def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    """True only for loopback addresses, and names that resolve to nothing else ('127.evil.example' is
+    a name, not an address)."""
+    import ipaddress
+    import socket
+
+    text = host.strip("[]")
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        pass
+    if not text or text.endswith("."):
+        return False
+    try:
+        infos = socket.getaddrinfo(text, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+# vLLM flags kvctl sets itself: a second copy after `--` would win (vLLM takes the last one) and
+# could, e.g., move a dev-mode server off loopback behind kvctl's back.
+OWNED_FLAGS = {"--host": "--host", "--port": "--base-port", "--kv-transfer-config": "--template/--set",
+               "--model": "the MODEL argument"}
+
+
+def owned_flags_in(extra_args: list[str]) -> list[tuple[str, str]]:
+    """(flag, kvctl option to use instead) for each flag of OWNED_FLAGS found in extra_args."""
+    found = []
+    for arg in extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            found.append((flag, OWNED_FLAGS[flag]))
+    return found

@@ -246,3 +246,46 @@ def test_serve_against_an_external_master(cli, tmp_path: Path, mooncake: None) -
         assert bundle["master_server_address"] == master.rpc_address
         cli("stop", "--run", "ext", "--state-dir", str(tmp_path / "state"))
         assert gone(record) and master.running  # kvctl stops only what it started
+
+
+def _masters(under: Path) -> set[int]:
+    """mooncake_master processes writing their log under `under` (other tests' masters do not)."""
+    found = set()
+    for p in psutil.process_iter(["name"]):
+        if not (p.info.get("name") or "").startswith("mooncake_mast"):
+            continue
+        try:
+            if any(Path(f.path).is_relative_to(under) for f in p.open_files()):
+                found.add(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_master_starts_leaves_nothing_running(tmp_path: Path, mooncake: None, sig: int) -> None:
+    """Ctrl-C or SIGTERM at several moments right after 'starting the embedded Mooncake master':
+    kvctl exits non-zero and no mooncake_master it launched is left, recorded or not."""
+    for n, delay in enumerate((0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.5)):
+        args = serve_args(tmp_path, f"sig{n}", "--replicas", "1", "--detach")
+        proc = subprocess.Popen([sys.executable, "-m", "kvctl", *args], stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "starting the embedded Mooncake master" in line:
+                break
+        time.sleep(delay)
+        proc.send_signal(sig)
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while _masters(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _masters(tmp_path)
+        assert left == set(), (f"a mooncake_master was left after a signal {delay} s into its start: "
+                               f"{[(p, psutil.Process(p).status(), psutil.Process(p).ppid()) for p in left]}; "
+                               f"kvctl exit {proc.returncode}; run.json master "
+                               f"{runs.load(f'sig{n}', tmp_path / 'state').master}")
+        record = runs.load(f"sig{n}", tmp_path / "state")
+        assert [p for p in record.processes() if procs.is_ours(p)] == []
+        if proc.returncode == 0:  # the whole start won the race: stop it like a user would
+            subprocess.run([sys.executable, "-m", "kvctl", "stop", "--run", f"sig{n}", "--state-dir",
+                            str(tmp_path / "state")], check=True, capture_output=True)

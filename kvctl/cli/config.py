@@ -27,6 +27,8 @@ class Format(str, Enum):
 @handle_errors
 def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = False) -> None:
     """List templates: name, connectors, vLLM range, description."""
+    from rich.markup import escape
+
     from kvctl import templates
     from kvctl.cli import output
 
@@ -39,8 +41,8 @@ def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = Fa
         return output.print_json(rows)
     table = output.table("template", "connectors", "vLLM", "description")
     for row in rows:
-        name = row["name"] + ("" if row["origin"] == "built-in" else " [dim](user)[/]")
-        table.add_row(name, ", ".join(row["connectors"]), row["vllm"], row["description"])
+        name = escape(row["name"]) + ("" if row["origin"] == "built-in" else " [dim](user)[/]")
+        table.add_row(name, escape(", ".join(row["connectors"])), escape(row["vllm"]), escape(row["description"]))
     output.show(table)
 
 
@@ -52,6 +54,8 @@ def show_template(
     json_out: JsonOpt = False,
 ) -> None:
     """Show a template's parameters (type, default, help), layout and notes."""
+    from rich.markup import escape
+
     from kvctl import templates
     from kvctl.cli import output
 
@@ -62,15 +66,15 @@ def show_template(
         return output.print_json({"name": t.name, "description": t.description, "vllm": _range(t),
                                   "connectors": t.connectors(), "origin": t.origin,
                                   "parameters": params, "notes": list(t.notes)})
-    output.show(f"[bold]{t.name}[/]  ({t.origin})\n{t.description}\n"
-                f"connectors: {', '.join(t.connectors())}   vLLM: {_range(t)}")
+    output.show(f"[bold]{escape(t.name)}[/]  ({escape(t.origin)})\n{escape(t.description)}\n"
+                f"connectors: {escape(', '.join(t.connectors()))}   vLLM: {escape(_range(t))}")
     table = output.table("parameter", "type", "default", "help")
     for p in params:
         default = "[dim](unset)[/]" if p["default"] is None else repr(p["default"]) if p["default"] == "" else str(p["default"])
-        table.add_row(p["name"], p["type"], default, p["help"])
+        table.add_row(escape(p["name"]), escape(p["type"]), escape(default), escape(p["help"]))
     output.show(table)
     for line in t.notes:
-        output.show(f"[dim]note:[/] {line}")
+        output.show(f"[dim]note:[/] {escape(line)}")
     output.show(f"render: kvctl config render {t.name} [--set KEY=VALUE ...] --format verl|vllm-args|json|env|mooncake")
 
 
@@ -81,7 +85,7 @@ def render(
     set_: SetOpt = None,
     vllm_version: VllmVersionOpt = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="What to print.")] = Format.verl,
-    out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR",
+    out_arg: Annotated[Optional[str], typer.Option("--out", metavar="DIR",
                    help="Write every format into DIR as files (atomically) instead of printing.")] = None,
     template_path: TemplatePathOpt = None,
 ) -> None:
@@ -95,6 +99,12 @@ def render(
     from kvctl.render import render as do_render
     from kvctl.render import write_bundle
 
+    from kvctl.errors import UsageError
+
+    if out_arg is not None and not out_arg.strip():
+        raise UsageError("--out '': an empty folder name (it would mean the current folder)",
+                         "give a folder, e.g. --out ./deploy (use --out . for the current folder)")
+    out = Path(out_arg) if out_arg is not None else None
     overrides = templates.parse_overrides(set_ or [])
     version, source = resolve_target(vllm_version)
     template = templates.load(name, template_path)

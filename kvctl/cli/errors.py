@@ -50,6 +50,9 @@ def handle_errors(func: F) -> F:
 def _print_error(message: str, hint: str | None) -> None:
     from kvctl.cli.output import err_console
 
-    err_console().print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    # messages quote user input and server answers: never let them be read as markup
+    err_console().print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     if hint:
-        err_console().print(f"  [bold]fix:[/] {hint}", highlight=False, soft_wrap=True)
+        err_console().print(f"  [bold]fix:[/] {escape(hint)}", highlight=False, soft_wrap=True)

@@ -95,12 +95,12 @@ def _print_plan(plan: Any) -> None:
     table = output.table("replica", "version", "connector", "will send", "skipped", title="plan (dry run)")
     for r in plan.replicas:
         if r.error:
-            table.add_row(escape(r.name), r.version or "?", "", f"[red]{escape(r.error)}[/]", "")
+            table.add_row(escape(r.name), escape(r.version or "?"), "", f"[red]{escape(r.error)}[/]", "")
             continue
         send = [f"{o.op}" + (f" ({', '.join(f'{k}={v}' for k, v in o.params.items())})" if o.params else "")
                 for o in r.ops if not o.skip]
         skipped = [f"{o.op}: {o.skip}" for o in r.ops if o.skip]
-        table.add_row(escape(r.name), r.version or "?", escape(_layout(r.layout)), escape("\n".join(send)),
+        table.add_row(escape(r.name), escape(r.version or "?"), escape(_layout(r.layout)), escape("\n".join(send)),
                       escape("\n".join(skipped)))
     output.show(table)
     if plan.master_clear:
@@ -120,7 +120,7 @@ def _print_results(receipt: Any) -> None:
     table = output.table(*cols)
     for r in receipt.replicas:
         ops = {o.op: o for o in r.ops}
-        cells = [escape(r.name), r.version or "?"] + [_op_cell(ops.get(k)) for k, _ in shown]
+        cells = [escape(r.name), escape(r.version or "?")] + [_op_cell(ops.get(k)) for k, _ in shown]
         if receipt.verify:
             cells.append(_canary_cell(r.canary))
         cells.append("[green]yes[/]" if r.reset else "[bold red]NO[/]")
@@ -132,7 +132,7 @@ def _print_results(receipt: Any) -> None:
         if m.clear:
             parts.append(f"clear {_op_cell(m.clear)}" + (f", {m.removed_count} key(s) removed" if m.removed_count is not None else ""))
         if m.keys_after is not None:
-            scope = f" under '{m.cache_prefix}'" if m.cache_prefix else ""
+            scope = f" under '{escape(m.cache_prefix)}'" if m.cache_prefix else ""
             parts.append(f"keys after{scope}: {m.keys_after}")
         output.show(f"master {escape(m.address)}: " + "; ".join(parts))
     for r in receipt.replicas:

@@ -43,6 +43,7 @@ async def hard_reset_async(
     timeout: float = 10.0,
     retries: int = 2,
     concurrency: int = 64,
+    pause_timeout: float = 120.0,
     raise_on_failure: bool = False,
 ) -> Receipt:
     """Reset every cache of every replica (and the Mooncake store, with connector=True).
@@ -53,7 +54,8 @@ async def hard_reset_async(
     """
     fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, master, run=run)
     options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
-                           dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency)
+                           dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
+                           pause_timeout=pause_timeout)
     receipt = await hard_reset_fleet(fleet, options)
     if raise_on_failure and not receipt.ok:
         raise ResetFailed(receipt)

@@ -27,7 +27,7 @@ from kvctl.capabilities import table
 from kvctl.compat import layout_of
 from kvctl.http_base import HttpPool, shared_pool
 from kvctl.targets import Fleet, Replica
-from kvctl.vllm_client import CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
+from kvctl.vllm_client import PAUSE_TIMEOUT, CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 Result = Literal["ok", "failed", "skipped"]
@@ -44,6 +44,7 @@ class ResetOptions:
     timeout: float = 10.0
     retries: int = 2
     concurrency: int = 64
+    pause_timeout: float = PAUSE_TIMEOUT  # one /pause (it waits for in-flight requests); tried twice at most
 
     @property
     def pausing(self) -> bool:
@@ -371,18 +372,27 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
 
     if opts.verify:
         await each(prime)
+    owner_paused: set[str] = set()  # paused by their owner before the reset: left paused after it
+    stuck: list[str] = []  # replicas whose pause failed, timed out or was cut short
     try:
         if opts.pausing:
-            await each(lambda rp: run_phase(rp, ("pause",)))
-        await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
-        if master is not None and plan.master_clear:
-            await _clear_master(master, opts, http)
-        if master is not None and opts.verify:
-            await _count_master_keys(master, opts, http)
+            stuck = await _pause_all(live, by_name, opts, http, sem, receipts, owner_paused)
+        if stuck:
+            for rp in live:
+                if rp.name not in stuck:
+                    receipts[rp.name].error = (f"not reset: the pause failed on {', '.join(stuck)}, so nothing "
+                                               "was reset; this replica was resumed at once")
+        else:
+            await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
+            if master is not None and plan.master_clear:
+                await _clear_master(master, opts, http)
+            if master is not None and opts.verify:
+                await _count_master_keys(master, opts, http)
     finally:
         if opts.pausing:
-            await asyncio.shield(each(lambda rp: run_phase(rp, ("resume",))))
-    if opts.verify:
+            resumable = [rp for rp in live if rp.name not in owner_paused]
+            await asyncio.shield(_resume_all(resumable, stuck, by_name, opts, http, sem, receipts))
+    if opts.verify and not stuck:
         async def check(rp: ReplicaPlan) -> None:
             canary = canaries.get(rp.name)
             if canary is not None:
@@ -392,12 +402,88 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
     return _conclude(plan, list(receipts.values()), master, time.perf_counter() - start)
 
 
-async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp) -> OpResult:
+async def _pause_all(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions, http: HttpPool,
+                     sem: asyncio.Semaphore, receipts: dict[str, ReplicaReceipt], owner_paused: set[str]) -> list[str]:
+    """Pause every replica at once. As soon as one pause fails, the others still waiting are cut
+    short (the caller resumes everyone at once). Returns the replicas whose pause did not succeed."""
+    async def one(rp: ReplicaPlan) -> bool:
+        op = next((o for o in rp.ops if o.op == "pause"), None)
+        if op is None:
+            return True
+        async with sem, _client(by_name[rp.name], opts, http) as client:
+            if op.skip is None and await _is_paused(client) is True:
+                owner_paused.add(rp.name)
+                receipts[rp.name].ops.append(OpResult("pause", "skipped", detail="already paused by its owner: "
+                                                                                 "left paused"))
+                return True
+            result = await _run_op(client, rp, op, opts)
+            receipts[rp.name].ops.append(result)
+            return result.result != "failed"
+
+    tasks = {asyncio.create_task(one(rp)): rp.name for rp in live}
+    failed: list[str] = []
+    pending = set(tasks)
+    while pending and not failed:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        failed += [tasks[t] for t in done if t.exception() is not None or not t.result()]
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for t in pending:
+        receipts[tasks[t]].ops.append(OpResult("pause", "failed", error="cut short: another replica's pause failed"))
+    return failed + [tasks[t] for t in pending]
+
+
+LATE_PAUSE_WATCH_S = 3.0  # after resuming a replica whose pause failed: watch for a pause that lands late
+
+
+async def _resume_all(replicas: list[ReplicaPlan], stuck: list[str], by_name: dict[str, Replica],
+                      opts: ResetOptions, http: HttpPool, sem: asyncio.Semaphore,
+                      receipts: dict[str, ReplicaReceipt]) -> None:
+    """Resume every replica kvctl paused (or tried to). A replica whose pause failed may still get
+    paused by that request after kvctl gave up: check /is_paused for a while and resume again; if
+    it cannot be confirmed, say so with the command that resumes it."""
+    async def one(rp: ReplicaPlan) -> None:
+        op = next((o for o in rp.ops if o.op == "resume"), None)
+        if op is None:
+            return
+        async with sem, _client(by_name[rp.name], opts, http) as client:
+            receipts[rp.name].ops.append(await _run_op(client, rp, op, opts))
+            if rp.name not in stuck:
+                return
+            paused: bool | None = None
+            deadline = time.monotonic() + LATE_PAUSE_WATCH_S
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
+                paused = await _is_paused(client)
+                if paused:
+                    await client.resume()  # the late pause landed: undo it
+            timed_out = any(o.op == "pause" and o.result == "failed" and "timed out" in (o.error or "")
+                            for o in receipts[rp.name].ops)
+            if paused is not False or timed_out:  # a timed-out /pause is still in flight on the server
+                note = (f"it may be left paused (its /pause may still take effect): check "
+                        f"`curl {rp.url}/is_paused` and resume it with `curl -X POST {rp.url}/resume`")
+                rr = receipts[rp.name]
+                why = rr.error or "; ".join(f"{o.op}: {o.error}" for o in rr.ops if o.result == "failed")
+                rr.error = f"{why}; {note}" if why else note
+
+    await asyncio.gather(*(one(rp) for rp in replicas))
+
+
+async def _is_paused(client: VllmClient) -> bool | None:
+    outcome = await client.is_paused()
+    body = outcome.body if outcome.ok and isinstance(outcome.body, dict) else {}
+    value = body.get("is_paused")
+    return value if isinstance(value, bool) else None
+
+
+async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: ResetOptions | None = None) -> OpResult:
     if op.skip:
         return OpResult(op.op, "skipped", detail=op.skip)
     version = Version(rp.version or "0")
+    pause_timeout = opts.pause_timeout if opts is not None else PAUSE_TIMEOUT
     calls: dict[str, Callable[[], Awaitable[CallOutcome]]] = {
-        "pause": lambda: client.pause(version),
+        "pause": lambda: client.pause(version, pause_timeout),
         "resume": client.resume,
         "prefix_cache": lambda: client.reset_prefix_cache(version, **op.params) if op.params
         else client.call("POST", "/reset_prefix_cache"),

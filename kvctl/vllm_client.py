@@ -219,13 +219,14 @@ class VllmClient(HttpClientBase):
     async def reset_encoder_cache(self) -> CallOutcome:
         return await self.call("POST", "/reset_encoder_cache")
 
-    async def pause(self, version: Version) -> CallOutcome:
+    async def pause(self, version: Version, timeout: float = PAUSE_TIMEOUT) -> CallOutcome:
         """Pause generation, letting in-flight requests finish first (so none fails).
 
-        Waits up to max(timeout, PAUSE_TIMEOUT): a shorter per-call timeout would give up, and
-        retry, while the server is still draining requests it has already accepted."""
+        Waits up to `timeout` (not the short per-call one: the server may still be draining
+        requests it has accepted), and is tried at most twice: a stuck pause must not hold the
+        rest of the fleet paused for minutes."""
         return await self.call("POST", "/pause", params=pause_params(version) or None,
-                               timeout=max(self.timeout, PAUSE_TIMEOUT))
+                               timeout=timeout, retries=min(self.retries, 1))
 
     async def resume(self) -> CallOutcome:
         return await self.call("POST", "/resume")

@@ -296,3 +296,72 @@ def test_out_edge_cases(cli, tmp_path: Path) -> None:
         locked.chmod(0o500)
         result = _render_out(cli, str(locked))
         assert result.exit_code == 2 and "cannot write there" in result.stderr
+
+
+def _names(receipt) -> dict:  # noqa: ANN001
+    return {r.name: r for r in receipt.replicas}
+
+
+def test_a_stuck_pause_does_not_keep_the_fleet_paused(tmp_path: Path) -> None:
+    """Two replicas, one whose /pause never answers: the healthy one is resumed within about two
+    pause timeouts, nothing is reset anywhere, and the stuck one is named with how to resume it."""
+    import time
+
+    import kvctl
+
+    from .doubles import DoubleFleet, Faults, VllmDouble
+
+    healthy, stuck = VllmDouble("0.32.0", name="ok"), VllmDouble("0.32.0", name="stuck",
+                                                                  faults=Faults(delay={"/pause": 60}))
+    with DoubleFleet() as fleet:
+        a, b = fleet.add(healthy), fleet.add(stuck)
+        began = time.monotonic()
+        receipt = kvctl.hard_reset(urls=[a, b], connector=True, pause_timeout=1, timeout=1)
+        took = time.monotonic() - began
+        paused_at = healthy.calls_to("/pause")[0]
+        resumed_at = healthy.calls_to("/resume")[0]
+    assert took < 15, f"the reset took {took:.0f} s"
+    assert resumed_at.t - paused_at.t < 8  # resumed as soon as the other pause failed (2 tries x 1 s)
+    assert healthy.calls_to("/reset_prefix_cache") == [] and not healthy.paused
+    assert len(stuck.calls_to("/pause")) == 2  # tried at most twice
+    assert receipt.exit_code != 0 and set(receipt.not_reset) == {r.name for r in receipt.replicas}
+    by = _names(receipt)
+    stuck_r = next(r for r in by.values() if r.url == b)
+    assert "pause" in stuck_r.error and f"curl -X POST {b}/resume" in stuck_r.error
+    ok_r = next(r for r in by.values() if r.url == a)
+    assert "the pause failed on" in ok_r.error and "resumed at once" in ok_r.error
+
+
+def test_a_pause_that_lands_late_is_undone(tmp_path: Path) -> None:
+    """The /pause answers after kvctl gave up, and takes effect then (uvicorn does not cancel it):
+    kvctl watches /is_paused after resuming and resumes again."""
+    import kvctl
+
+    from .doubles import DoubleFleet, Faults, VllmDouble
+
+    late = VllmDouble("0.32.0", faults=Faults(delay={"/pause": 1.6}))
+    with DoubleFleet() as fleet:
+        url = fleet.add(late)
+        receipt = kvctl.hard_reset(urls=[url], connector=True, pause_timeout=1, timeout=1)
+        import time
+        time.sleep(1.0)  # any pause still in flight would land by now
+        assert late.paused is False
+    assert receipt.exit_code != 0
+    assert "may be left paused" in receipt.replicas[0].error  # said, since a timed-out pause can land later
+
+
+def test_a_replica_its_owner_paused_stays_paused() -> None:
+    import kvctl
+
+    from .doubles import DoubleFleet, VllmDouble
+
+    owned = VllmDouble("0.32.0")
+    owned.paused = True  # paused by whoever runs it, before the reset
+    with DoubleFleet() as fleet:
+        url = fleet.add(owned)
+        receipt = kvctl.hard_reset(urls=[url], connector=True)
+        assert owned.paused is True
+        assert owned.calls_to("/resume") == [] and owned.calls_to("/pause") == []
+    pause = next(o for o in receipt.replicas[0].ops if o.op == "pause")
+    assert pause.result == "skipped" and "already paused by its owner" in (pause.detail or "")
+    assert receipt.replicas[0].reset is True

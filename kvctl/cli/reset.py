@@ -25,6 +25,7 @@ def reset(
     no_encoder: Annotated[bool, typer.Option("--no-encoder", help="Skip /reset_encoder_cache.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Prove it: master key count 0 and a canary prompt with no cache hit after the reset.")] = False,
     pause: Annotated[Optional[bool], typer.Option("--pause/--no-pause", help="Pause generation first (in-flight requests finish) and always resume after. Default: on with --connector (vLLM's store reset wants no new puts while it drains).", show_default=False)] = None,
+    pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (it waits for in-flight requests); tried twice at most. When a pause fails, every replica that paused is resumed at once and nothing is reset.")] = 120.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
@@ -39,11 +40,12 @@ def reset(
     from kvctl.reset import ResetOptions, hard_reset_fleet
     from kvctl.targets import build_fleet
 
-    if timeout <= 0 or retries < 0 or concurrency < 1:
-        raise UsageError("--timeout must be > 0, --retries >= 0 and --concurrency >= 1")
+    if not (timeout > 0 and pause_timeout > 0) or retries < 0 or concurrency < 1:  # `not >` also refuses nan
+        raise UsageError("--timeout and --pause-timeout must be > 0, --retries >= 0 and --concurrency >= 1")
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir)
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
-                           pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency)
+                           pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
+                           pause_timeout=pause_timeout)
     import asyncio  # lazily: --help and other commands do not need it
 
     receipt = asyncio.run(hard_reset_fleet(fleet, options))

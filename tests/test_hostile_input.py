@@ -365,3 +365,9 @@ def test_a_replica_its_owner_paused_stays_paused() -> None:
     pause = next(o for o in receipt.replicas[0].ops if o.op == "pause")
     assert pause.result == "skipped" and "already paused by its owner" in (pause.detail or "")
     assert receipt.replicas[0].reset is True
+
+
+@pytest.mark.parametrize("flag,value", [("--timeout", "nan"), ("--pause-timeout", "nan"), ("--pause-timeout", "0")])
+def test_timeouts_that_are_not_positive_numbers_are_refused(cli, flag: str, value: str) -> None:
+    result = cli("reset", "--url", "http://127.0.0.1:9", flag, value, "--dry-run")
+    assert result.exit_code == 2 and "must be > 0" in result.stderr

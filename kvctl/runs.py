@@ -106,10 +106,11 @@ def _ref(data: dict[str, Any] | None) -> ProcessRef | None:
 
 
 def state_dir(override: str | Path | None = None) -> Path:
+    # absolute: run records hold paths, and replicas run in folders of their own
     if override:
-        return Path(override).expanduser()
+        return Path(override).expanduser().resolve()
     if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV]).expanduser()
+        return Path(os.environ[STATE_DIR_ENV]).expanduser().resolve()
     from platformdirs import user_state_dir
 
     return Path(user_state_dir("kvctl"))
@@ -120,7 +121,7 @@ def runs_dir(override: str | Path | None = None) -> Path:
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):  # fullmatch: `$` would let a trailing newline through
         raise UsageError(f"run name '{name}' is not usable",
                          "use letters, digits, '.', '_' or '-' (at most 64), starting with a letter or digit")
     return name

@@ -60,6 +60,13 @@ def check_spec(spec: ServeSpec) -> None:
         raise UsageError(f"--replicas {spec.replicas}: need at least 1")
     if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
         raise UsageError(f"--base-port {spec.base_port} is not a usable port")
+    if spec.name is not None:
+        runs.check_name(spec.name)
+    try:
+        tensor_parallel_size(spec.extra_args)
+    except ValueError:
+        raise UsageError("--tensor-parallel-size/-tp after -- is not a whole number",
+                         "e.g. -- --tensor-parallel-size 2") from None
     owned = owned_flags_in(spec.extra_args)
     if owned:
         flag, instead = owned[0]
@@ -79,6 +86,8 @@ def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
     """Start the master (embedded) and the replicas, wait until all are healthy, record the run."""
     emit = on_event or (lambda *a, **k: None)
     check_spec(spec)
+    if Path(spec.model).expanduser().exists():  # a local folder: absolute, since replicas run elsewhere
+        spec.model = str(Path(spec.model).expanduser().resolve())
     install = find_vllm(spec.vllm_python)
     emit("vllm", install=install)
     name = runs.check_name(spec.name or runs.new_name())

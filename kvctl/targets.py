@@ -64,6 +64,10 @@ def normalize_url(url: str, where: str) -> str:
         parsed.port
     except ValueError:
         raise UsageError(f"{where}: '{url}' has a bad port", "give http://HOST:PORT") from None
+    if parsed.path.strip("/") or parsed.query or parsed.fragment or parsed.params:
+        # kvctl calls the server's own routes (/reset_prefix_cache, ...): a path here would be dropped
+        raise UsageError(f"{where}: '{url}' has a path or query; kvctl needs the server's base URL",
+                         f"give {parsed.scheme}://{parsed.netloc}")
     return text.rstrip("/")
 
 
@@ -188,6 +192,8 @@ def load_inventory(path: Path) -> Fleet:
         raw: Any = yamlio.safe_load(path.read_text("utf-8"))
     except OSError as exc:
         raise UsageError(f"--inventory {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--inventory {path}: not a text file (not UTF-8)", "give a YAML inventory") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"--inventory {path}: not valid YAML: {exc}") from None
     try:

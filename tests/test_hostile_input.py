@@ -371,3 +371,52 @@ def test_a_replica_its_owner_paused_stays_paused() -> None:
 def test_timeouts_that_are_not_positive_numbers_are_refused(cli, flag: str, value: str) -> None:
     result = cli("reset", "--url", "http://127.0.0.1:9", flag, value, "--dry-run")
     assert result.exit_code == 2 and "must be > 0" in result.stderr
+
+
+def test_a_binary_inventory_is_a_usage_error(cli, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_bytes(b"\xff\xfe\x00\x01binary\x80\x81")
+    result = cli("reset", "--inventory", str(inv), "--dry-run")
+    assert result.exit_code == 2 and "not a text file" in result.stderr
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/?x=1", "http://127.0.0.1:8000#f"])
+def test_urls_with_a_path_or_query_are_refused_not_mangled(cli, url: str) -> None:
+    result = cli("reset", "--url", url, "--dry-run")
+    assert result.exit_code == 2 and "has a path or query" in result.stderr and "http://127.0.0.1:8000" in result.stderr
+
+
+def test_a_bad_tensor_parallel_size_is_refused_before_anything_starts(cli, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    result = cli("serve", str(tmp_path), "--state-dir", str(state), "--name", "tp", "--",
+                 "--tensor-parallel-size", "abc")
+    assert result.exit_code == 2 and "not a whole number" in result.stderr
+    assert not (state / "runs" / "tp").exists()
+
+
+def test_a_run_name_with_a_trailing_newline_is_refused(cli, tmp_path: Path) -> None:
+    result = cli("serve", str(tmp_path), "--state-dir", str(tmp_path / "state"), "--name", "rl\n")
+    assert result.exit_code == 2 and "is not usable" in result.stderr
+    assert not (tmp_path / "state" / "runs").exists() or list((tmp_path / "state" / "runs").iterdir()) == []
+
+
+def test_relative_paths_work_with_serve(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from kvctl import runs
+
+    from .test_serve import fake_python, require_mooncake
+
+    require_mooncake()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    result = cli("serve", "model", "--vllm-python", str(fake_python(tmp_path)), "--state-dir", "./state",
+                 "--name", "rel", "--detach", "--health-timeout", "60")
+    assert result.exit_code == 0, result.stderr
+    record = runs.load("rel", tmp_path / "state")
+    try:
+        assert Path(record.dir).is_absolute() and record.model == str(tmp_path / "model")
+        launch = json.loads((Path(record.dir) / "replicas" / "r0" / "tmp" / "launch.json").read_text())
+        assert launch["argv"][launch["argv"].index("--model") + 1] == str(tmp_path / "model")
+    finally:
+        assert cli("stop", "--run", "rel", "--state-dir", "./state").exit_code == 0

@@ -200,7 +200,7 @@ def default_target_version() -> tuple[Version, str]:
 
 def resolve_target(version: str | None) -> tuple[Version, str]:
     """`--vllm-version` if given, else the default target. Rejects unparsable strings."""
-    if version:
+    if version is not None:  # '' is a bad version, not "the default" (as compat check says too)
         return parse_version(version), "--vllm-version"
     return default_target_version()
 

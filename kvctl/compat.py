@@ -155,6 +155,9 @@ def _conclude(t: CapabilityTable, v: Version, report: CompatReport) -> None:
             report.fixes.append(f"upgrade vLLM to >= {max(Version(since), Version(_target_release(t, [name])))}")
     elif report.operation("external_store").status in ("silent-no-op", "unknown"):
         _conclude_connector_gap(t, v, report)
+    if t.is_newer_than_known(v) and not any("newer than" in c for c in report.caveats):
+        report.caveats.append(f"vLLM {v} is newer than {t.newest_known}, the newest release kvctl's facts were "
+                              f"checked against: every row assumes it behaves like {t.newest_known}")
     for name in ("mm_cache", "encoder_cache"):
         op = report.operation(name)
         if op.status == "missing":

@@ -674,7 +674,7 @@ def parse_document(path: Path) -> tuple[Any, yaml.Node | None]:
         yamlio.check(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         if not is_json:
-            data = yaml.safe_load(text)
+            data = yamlio.safe_load(text)
     except yaml.YAMLError as exc:
         if is_json:
             return data, None  # JSON that YAML cannot compose (e.g. tab indents): no line numbers

@@ -41,7 +41,10 @@ def check(text: str) -> None:
 def safe_load(text: str) -> Any:
     """yaml.safe_load, with libyaml when available (same safe constructors, no code runs), after check()."""
     check(text)
-    return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader
+    try:
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise YamlLimitError(str(exc)) from None
 
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "YamlLimitError", "check", "safe_load"]

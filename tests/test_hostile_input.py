@@ -420,3 +420,24 @@ def test_relative_paths_work_with_serve(cli, tmp_path: Path, monkeypatch: pytest
         assert launch["argv"][launch["argv"].index("--model") + 1] == str(tmp_path / "model")
     finally:
         assert cli("stop", "--run", "rel", "--state-dir", "./state").exit_code == 0
+
+
+def test_a_version_beyond_the_newest_known_gets_a_caveat(cli) -> None:
+    result = cli("compat", "check", "--vllm-version", "99.0.0", "--template", "mooncake-store", "--json")
+    import json
+
+    caveats = json.loads(result.stdout)["caveats"]
+    assert any("newer than" in c and "assumes" in c for c in caveats)
+
+
+def test_an_empty_vllm_version_is_an_error_everywhere(cli) -> None:
+    for args in (["config", "render", "mooncake-store"], ["compat", "check", "--template", "mooncake-store"]):
+        result = cli(*args, "--vllm-version", "")
+        assert result.exit_code == 2, (args, result.stdout)
+
+
+def test_a_yaml_integer_of_thousands_of_digits_is_a_usage_error(cli, tmp_path: Path) -> None:
+    config = tmp_path / "ktc.yaml"
+    config.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\nkv_rank: " + "9" * 5000 + "\n")
+    result = cli("config", "validate", str(config), "--vllm-version", "0.13.0")
+    assert result.exit_code == 2 and "internal error" not in result.stderr

@@ -441,3 +441,20 @@ def test_a_yaml_integer_of_thousands_of_digits_is_a_usage_error(cli, tmp_path: P
     config.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\nkv_rank: " + "9" * 5000 + "\n")
     result = cli("config", "validate", str(config), "--vllm-version", "0.13.0")
     assert result.exit_code == 2 and "internal error" not in result.stderr
+
+
+def test_serve_prints_a_vllm_python_path_that_looks_like_markup(cli, tmp_path: Path) -> None:
+    from .test_serve import fake_python, require_mooncake
+
+    require_mooncake()
+    odd = tmp_path / "env[red]x"
+    odd.mkdir()
+    python = fake_python(odd)
+    (tmp_path / "model").mkdir()
+    result = cli("serve", str(tmp_path / "model"), "--vllm-python", str(python), "--state-dir",
+                 str(tmp_path / "state"), "--name", "odd", "--detach", "--health-timeout", "60")
+    try:
+        assert result.exit_code == 0, result.stderr
+        assert "env[red]x" in result.stderr  # printed as is, not read as a style
+    finally:
+        cli("stop", "--run", "odd", "--state-dir", str(tmp_path / "state"))

@@ -97,25 +97,31 @@ class _Progress:
             return
         if event == "vllm":
             i = info["install"]
-            _say(f"vLLM {i.version} ({i.distribution}{', CPU' if i.cpu else ''}) at {i.python}")
+            _say(escape(f"vLLM {i.version} ({i.distribution}{', CPU' if i.cpu else ''}) at {i.python}"))
         elif event == "master_starting":
             _say("starting the embedded Mooncake master ...")
         elif event == "master_ready":
             m = info["master"]
-            _say(f"master ready: rpc {m.rpc_address}, admin {m.admin_address} ({info['seconds'] or 0:.1f} s)")
+            _say(escape(f"master ready: rpc {m.rpc_address}, admin {m.admin_address} ({info['seconds'] or 0:.1f} s)"))
         elif event == "cpu_binding":
-            _say(f"CPU binding: {info['plan'].reason}")
+            _say(escape(f"CPU binding: {info['plan'].reason}"))
         elif event == "replica_started":
             r = info["replica"]
             cores = f", cores {r.cpus}" if r.cpus else ""
-            _say(f"started replica {r.name} on {r.url} (pid {r.process.pid}{cores}, log {r.log})")
+            _say(escape(f"started replica {r.name} on {r.url} (pid {r.process.pid}{cores}, log {r.log})"))
         elif event == "replica_healthy":
             _say(f"[green]replica {info['replica'].name} healthy[/] after {info['seconds']:.0f} s")
         elif event == "waiting" and info["seconds"] - self.last_wait >= 10:
             self.last_wait = info["seconds"]
             _say(f"waiting for {', '.join(info['pending'])} ({info['seconds']:.0f} s)")
         elif event == "stopped":
-            _say(f"stopped {info['name']}: {info['result']}")
+            _say(escape(f"stopped {info['name']}: {info['result']}"))
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def _say(text: str) -> None:
@@ -135,7 +141,7 @@ def _show_run(record: Any, json_out: bool) -> None:
     table = output.table(*columns, title=f"run {record.name} ({record.dir})")
     for r in record.replicas:
         cores = (r.cpus or "vLLM's own",) if cpu else ()
-        table.add_row(r.name, r.url, str(r.process.pid if r.process else ""), *cores, r.log)
+        table.add_row(escape(r.name), escape(r.url), str(r.process.pid if r.process else ""), *map(escape, cores), escape(r.log))
     output.show(table)
     if record.master is not None:
         m = record.master

@@ -54,20 +54,21 @@ def serve(
         except KeyboardInterrupt:
             _say("[yellow]interrupted: everything started was stopped[/]")
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        _show_run(record, json_out)
         if detach:
+            _show_run(record, json_out)
             _say(f"detached; stop it with: kvctl stop --run {record.name}")
             return
-        _say("serving in the foreground; Ctrl-C stops everything")
-        raise typer.Exit(_supervise(record))
+        raise typer.Exit(_supervise(record, json_out))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _supervise(record: Any) -> int:
+def _supervise(record: Any, json_out: bool) -> int:
     from kvctl.serve import run_alive, stop_run
 
-    try:
+    try:  # from the first line on: a Ctrl-C or SIGTERM while the table prints stops the fleet too
+        _show_run(record, json_out)
+        _say("serving in the foreground; Ctrl-C stops everything")
         while True:
             gone = run_alive(record)
             if gone:

@@ -385,17 +385,14 @@ class MasterProcess:
     def _launch(self) -> None:
         command = self.command()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        children_before = procs.children()
         try:
-            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                          stderr=subprocess.STDOUT, env=self.env,
-                                          start_new_session=True)
+            self._proc = procs.popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         except OSError as exc:
             self._log.close()
             self._log = None
             raise MasterError(f"cannot run {command[0]}: {exc}", INSTALL_HINT) from None
-        except BaseException:  # interrupted inside Popen: the child may exist, but we have no handle
-            procs.kill_new_children(children_before)
+        except BaseException:  # e.g. Ctrl-C inside Popen (procs.popen killed any child it made)
             self._log.close()
             self._log = None
             raise

@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 START_TIME_TOLERANCE = 0.05  # seconds; psutil's create_time is rounded to clock ticks
 StopResult = Literal["stopped", "killed", "not running", "not ours"]
@@ -54,26 +54,32 @@ def spawn(command: list[str], env: dict[str, str], log_path: Path, name: str,
           cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], ProcessRef]:
     """Start `command` in its own session with stdout+stderr appended to log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    before = children()
     with open(log_path, "ab") as log:
-        try:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, cwd=cwd, start_new_session=True)
-        except BaseException:
-            kill_new_children(before)  # Ctrl-C inside Popen: the child may exist without a handle
-            raise
+        proc = popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                     env=env, cwd=cwd, start_new_session=True)
     started = start_time_of(proc.pid)
     return proc, ProcessRef(proc.pid, started if started is not None else time.time(), name)
 
 
-def children() -> set[int]:
+def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """subprocess.Popen that leaves no child behind when interrupted inside it: a Ctrl-C raised
+    between fork and Popen's return leaves a child nobody has a handle on, so kill it."""
+    before = _children()
+    try:
+        return subprocess.Popen(command, **kwargs)
+    except BaseException:
+        _kill_new_children(before)
+        raise
+
+
+def _children() -> set[int]:
     """PIDs of this process's direct children."""
     import psutil
 
     return {c.pid for c in psutil.Process().children()}
 
 
-def kill_new_children(before: set[int]) -> None:
+def _kill_new_children(before: set[int]) -> None:
     """Kill this process's children that were not there `before`: a launch interrupted between
     fork and Popen's return leaves a child nobody has a handle on."""
     import psutil

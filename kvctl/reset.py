@@ -368,7 +368,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
         async with _client(by_name[rp.name], opts, http) as client:
             for op in rp.ops:
                 if op.op in names:
-                    receipts[rp.name].ops.append(await _run_op(client, rp, op))
+                    receipts[rp.name].ops.append(await _run_op(client, rp, op, opts))
 
     if opts.verify:
         await each(prime)
@@ -477,13 +477,12 @@ async def _is_paused(client: VllmClient) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: ResetOptions | None = None) -> OpResult:
+async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: ResetOptions) -> OpResult:
     if op.skip:
         return OpResult(op.op, "skipped", detail=op.skip)
     version = Version(rp.version or "0")
-    pause_timeout = opts.pause_timeout if opts is not None else PAUSE_TIMEOUT
     calls: dict[str, Callable[[], Awaitable[CallOutcome]]] = {
-        "pause": lambda: client.pause(version, pause_timeout),
+        "pause": lambda: client.pause(version, opts.pause_timeout),
         "resume": client.resume,
         "prefix_cache": lambda: client.reset_prefix_cache(version, **op.params) if op.params
         else client.call("POST", "/reset_prefix_cache"),

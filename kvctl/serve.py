@@ -153,11 +153,7 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
         record.save()
 
     master.on_launch = recorded
-    try:
-        master.start()  # stops what it launched on any exception, Ctrl-C included
-    except BaseException:
-        master.stop()
-        raise
+    master.start()  # stops what it launched on any exception, Ctrl-C included
     assert record.master is not None
     emit("master_ready", master=record.master, seconds=master.ready_seconds)
     return record.master

@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 MODELS ?= $(HOME)/.cache/kvctl/models
 PYTEST_ARGS ?=
 
-.PHONY: install vllm-env tiny-model test test-fast demo docs clean
+.PHONY: install vllm-env tiny-model test test-fast demo docs clean capabilities capabilities-check
 
 install: $(STAMP)
 
@@ -44,6 +44,14 @@ demo: $(STAMP) tiny-model
 
 docs: $(STAMP)
 	$(PY) tools/update_docs.py
+
+# Regenerate kvctl/data/vllm_facts.json from every vLLM release's sources (cached under ~/.cache/kvctl).
+capabilities: $(STAMP)
+	$(PY) -m tools.capabilities
+
+# CI: regenerate the committed releases' facts from their sources; fails on any difference.
+capabilities-check: $(STAMP)
+	$(PY) -m tools.capabilities --check
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info

@@ -76,6 +76,16 @@ class Connector:
 
 
 @dataclass(frozen=True)
+class Registration:
+    """How one release registers a connector name (from the generated facts)."""
+
+    name: str
+    generation: str  # "v0" | "v1"
+    module: str
+    source: str  # "file:line in <release>"
+
+
+@dataclass(frozen=True)
 class ConfigField:
     name: str
     span: Span
@@ -83,31 +93,111 @@ class ConfigField:
 
 
 class CapabilityTable:
-    """Typed view of capabilities.yaml."""
+    """Typed view of capabilities.yaml, its spans resolved against the generated vllm_facts.json."""
 
-    def __init__(self, raw: dict[str, Any]) -> None:
+    def __init__(self, raw: dict[str, Any], facts: dict[str, Any]) -> None:
+        self.facts = facts
+        releases = facts["releases"]
+        self.first_known, self.newest_known = Version(releases[0]), Version(releases[-1])
         self.min_supported = Version(raw["min_supported"])
-        self.newest_known = Version(raw["newest_known"])
         self.matrix_versions = [Version(v) for v in raw["matrix_versions"]]
-        self.capabilities = {
-            row["id"]: Capability(row["id"], row["title"], _span(row), row["source"])
-            for row in raw["capabilities"]
-        }
-        self.connectors = {
-            row["name"]: Connector(
-                name=row["name"],
-                span=_span(row),
-                reset=Span(_str(row.get("reset_since"))),
-                store=row["store"],
-                cpu=bool(row["cpu"]),
-                source=row["source"],
-            )
-            for row in raw["connectors"]
-        }
+        self.capabilities = {row["id"]: self._capability(row) for row in raw["capabilities"]}
+        self.connectors = {row["name"]: self._connector(row) for row in raw["connectors"]}
         self.fields = {
-            row["name"]: ConfigField(row["name"], _span(row), row["source"])
-            for row in raw["kv_transfer_config_fields"]
+            name: ConfigField(name, _merge(fact["spans"], f"fields.{name}"), _source(fact["spans"]))
+            for name, fact in sorted(facts["fields"].items())
         }
+
+    def _capability(self, row: dict[str, Any]) -> Capability:
+        if "fact" not in row:
+            return Capability(row["id"], row["title"], _span(row), row["source"])
+        rows = _fact_rows(self.facts, row["fact"], row.get("match", {}))
+        source = _source(rows) + (f"; {row['note']}" if row.get("note") else "")
+        return Capability(row["id"], row["title"], _merge(rows, row["id"]), source)
+
+    def _connector(self, row: dict[str, Any]) -> Connector:
+        registered = self.facts["connectors"].get(row["name"], {}).get("v1", [])
+        return Connector(name=row["name"], span=_merge(registered, row["name"]),
+                         reset=Span(_str(row.get("reset_since"))), store=row["store"],
+                         cpu=bool(row["cpu"]), source=row["source"])
+
+    # -- generated facts (kvctl/data/vllm_facts.json, from vLLM's released sources) --------
+    def registered(self, version: str | Version, name: str) -> Registration | None:
+        """How `version` registers connector `name` (V1 wins over V0), or None."""
+        v = parse_version(version)
+        entry = self.facts.get("connectors", {}).get(name, {})
+        for generation in ("v1", "v0"):
+            row = _interval_at(entry.get(generation, []), v)
+            if row is not None:
+                return Registration(name, generation, row.get("module", ""), _where(row))
+        return None
+
+    def connectors_in(self, version: str | Version) -> list[str]:
+        """Every connector name `version` registers (V0 and V1), sorted."""
+        return sorted(n for n in self.facts.get("connectors", {}) if self.registered(version, n))
+
+    def connector_history(self, name: str) -> str | None:
+        """'V0 0.8.5-0.10.2, V1 >= 0.21.0' for a name some release registered, else None."""
+        entry = self.facts.get("connectors", {}).get(name)
+        if not entry:
+            return None
+        parts = [f"{gen.upper()} {_describe_interval(row)}"
+                 for gen in ("v0", "v1") for row in entry.get(gen, [])]
+        return f"registered {', '.join(parts)}" if parts else None
+
+    def next_registration(self, version: str | Version, name: str) -> Version | None:
+        """The first release after `version` that registers `name`, if any."""
+        v = parse_version(version)
+        rows = [r for gen in ("v0", "v1") for r in self.facts["connectors"].get(name, {}).get(gen, [])]
+        return min((Version(r["since"]) for r in rows if Version(r["since"]) > v), default=None)
+
+    def renamed_to(self, version: str | Version, name: str) -> str | None:
+        """The name `version` registers the same connector class under, when `name` is gone."""
+        v = parse_version(version)
+        if self.registered(v, name) is not None:
+            return None
+        rows = [r for gen in ("v0", "v1") for r in self.facts.get("connectors", {}).get(name, {}).get(gen, [])]
+        classes = {(r.get("module"), r.get("class")) for r in rows} | {(None, r.get("class")) for r in rows}
+        for other in self.connectors_in(v):
+            now = self.registered(v, other)
+            entry = self.facts["connectors"][other]
+            row = _interval_at(entry.get(now.generation, []), v) if now else None
+            if row and ((row.get("module"), row.get("class")) in classes
+                        or (None, row.get("class")) in classes) and other != name:
+                return other
+        return None
+
+    def class_kind(self, version: str | Version) -> str:
+        """How `version` builds KVTransferConfig: stdlib-dataclass (unknown keys raise TypeError,
+        no type coercion), pydantic-*-ignore (unknown keys dropped), forbid (unknown keys refused)."""
+        row = _interval_at(self.facts["config"]["class_kind"]["values"], parse_version(version))
+        return "unknown" if row is None else str(row["value"])
+
+    def connector_lookup(self, version: str | Version) -> str | None:
+        """What vLLM's connector factory consults first when kv_connector_module_path is set:
+        "registry" or "module_path" (None: no module path in that release)."""
+        row = _interval_at(self.facts["config"]["connector_lookup"]["values"], parse_version(version))
+        return None if row is None else str(row["value"])
+
+    def first_module_path_release(self) -> str | None:
+        rows = self.facts["config"]["connector_lookup"]["values"]
+        return next((r["since"] for r in rows if r["value"] == "module_path"), None)
+
+    def field_type(self, version: str | Version, name: str) -> str | None:
+        """The annotation vLLM `version` declares for KVTransferConfig field `name`."""
+        row = _interval_at(self.facts.get("fields", {}).get(name, {}).get("types", []),
+                           parse_version(version))
+        return None if row is None else row.get("type")
+
+    def mooncake_json_keys(self, version: str | Version, connector: str) -> tuple[str, ...] | None:
+        """The mooncake.json keys `connector` reads in `version`, when the facts say."""
+        values = self.facts["connectors"].get(connector, {}).get("mooncake_json_keys", {})
+        row = _interval_at(values.get("values", []), parse_version(version))
+        return None if row is None or not row.get("value") else tuple(sorted(row["value"]))
+
+    def is_older_than_known(self, version: str | Version) -> bool:
+        """True for releases before the first one the facts were taken from."""
+        return parse_version(version) < self.first_known
 
     # -- questions ------------------------------------------------------------------------
     def has(self, version: str | Version, capability: str) -> bool:
@@ -122,11 +212,6 @@ class CapabilityTable:
 
     def connector(self, name: str) -> Connector | None:
         return self.connectors.get(name)
-
-    def connectors_in(self, version: str | Version) -> list[str]:
-        """Connector names registered in `version` (among those kvctl tracks)."""
-        v = parse_version(version)
-        return [c.name for c in self.connectors.values() if c.span.contains(v)]
 
     def connector_available(self, version: str | Version, name: str) -> Availability:
         known = self.connectors.get(name)
@@ -181,11 +266,85 @@ def _span(row: dict[str, Any]) -> Span:
     return Span(_str(row.get("since")), _str(row.get("until")))
 
 
+def _interval_at(rows: list[dict[str, Any]], v: Version) -> dict[str, Any] | None:
+    """The row of a generated [since, until) interval list that holds at release `v`."""
+    release = Version(".".join(map(str, v.release)))
+    for row in rows:
+        if release >= _version(row["since"]) and (row.get("until") is None or release < _version(row["until"])):
+            return row
+    return None
+
+
+def _describe_interval(row: dict[str, Any]) -> str:
+    return f">= {row['since']}" if row.get("until") is None else f"{row['since']} to before {row['until']}"
+
+
+def _where(row: dict[str, Any]) -> str:
+    return f"{row.get('file', '?')}:{row.get('line', '?')} in {row.get('since')}"
+
+
+def _fact_rows(facts: dict[str, Any], path: list[str], match: dict[str, Any]) -> list[dict[str, Any]]:
+    """The intervals of the fact at `path` in vllm_facts.json that satisfy `match`."""
+    node: Any = facts
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            raise KvctlError(f"capabilities.yaml: no fact {'/'.join(path)} in vllm_facts.json "
+                             "(regenerate it: make capabilities)")
+        node = node[key]
+    rows = node.get("spans", node.get("values")) if isinstance(node, dict) else node
+    return [r for r in rows if _matches(r, match)]
+
+
+def _matches(row: dict[str, Any], match: dict[str, Any]) -> bool:
+    for key, wanted in match.items():
+        value = row.get("value")
+        if key == "value" and value != wanted:
+            return False
+        if key == "value_prefix" and not str(value).startswith(wanted):
+            return False
+        if key == "has_key" and not (isinstance(value, dict) and wanted in value):
+            return False
+        if key not in ("value", "value_prefix", "has_key") and row.get(key) != wanted:
+            return False
+    return True
+
+
+def _merge(rows: list[dict[str, Any]], what: str) -> Span:
+    """One [since, until) span from contiguous intervals (a module moving is not a gap)."""
+    if not rows:
+        return Span("never")
+    ordered = sorted(rows, key=lambda r: _version(r["since"]))
+    for left, right in zip(ordered, ordered[1:]):
+        if left["until"] is None or _version(left["until"]) != _version(right["since"]):
+            raise KvctlError(f"{what}: present, gone, then back ({left['until']} to {right['since']}): "
+                             "kvctl's spans cannot say that")
+    return Span(ordered[0]["since"], ordered[-1]["until"])
+
+
+def _source(rows: list[dict[str, Any]]) -> str:
+    """Where the first interval was read: 'vllm/config.py:3244 (0.8.5)'."""
+    if not rows:
+        return "not in any release's source"
+    first = min(rows, key=lambda r: _version(r["since"]))
+    return f"{first.get('file', '?')}:{first.get('line', '?')} ({first['since']})"
+
+
+def _read(name: str) -> str:
+    return resources.files("kvctl").joinpath(f"data/{name}").read_text("utf-8")
+
+
+@lru_cache(maxsize=1)
+def load_facts() -> dict[str, Any]:
+    """kvctl/data/vllm_facts.json: generated from vLLM's released sources (make capabilities)."""
+    import json
+
+    return json.loads(_read("vllm_facts.json"))
+
+
 @lru_cache(maxsize=1)
 def table() -> CapabilityTable:
     """The shipped capability table (parsed once per process)."""
-    text = resources.files("kvctl").joinpath("data/capabilities.yaml").read_text("utf-8")
-    return CapabilityTable(yamlio.safe_load(text))
+    return CapabilityTable(yamlio.safe_load(_read("capabilities.yaml")), load_facts())
 
 
 def default_target_version() -> tuple[Version, str]:

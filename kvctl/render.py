@@ -19,22 +19,13 @@ import yaml
 from packaging.version import Version
 
 from kvctl import __version__
+from kvctl.bundle_layout import BUNDLE_FILES, MANIFEST, VERL_PATH
 from kvctl.capabilities import CapabilityTable, table
 from kvctl.errors import KvctlError, UsageError
 from kvctl.templates import Template, connector_names, fill
 from kvctl.versions import release
 
 FORMATS = ("verl", "vllm-args", "json", "env", "mooncake")
-# Bundle file for each format (what `--out DIR` writes), plus the manifest.
-BUNDLE_FILES = {
-    "json": "kv_transfer_config.json",
-    "verl": "verl.yaml",
-    "vllm-args": "vllm-args.txt",
-    "env": "kvctl.env",
-    "mooncake": "mooncake.json",
-}
-MANIFEST = "bundle.json"
-VERL_PATH = ("actor_rollout_ref", "rollout", "engine_kwargs", "vllm", "kv_transfer_config")
 
 
 @dataclass

@@ -47,4 +47,23 @@ def safe_load(text: str) -> Any:
         raise YamlLimitError(str(exc)) from None
 
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "YamlLimitError", "check", "safe_load"]
+def safe_load_all(text: str) -> tuple[list[Any], list[yaml.Node]]:
+    """Every document of a multi-document stream (Kubernetes manifests), with its composed node
+    (for the line of each key), after check(). Empty documents are left out."""
+    check(text)
+    try:
+        nodes = [n for n in yaml.compose_all(text, Loader=_LOADER) if n is not None]
+        return [_construct(n) for n in nodes], nodes
+    except ValueError as exc:
+        raise YamlLimitError(str(exc)) from None
+
+
+def _construct(node: yaml.Node) -> Any:
+    loader = _LOADER("")  # a safe loader's constructor: plain data only
+    try:
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "YamlLimitError", "check", "safe_load", "safe_load_all"]

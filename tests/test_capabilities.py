@@ -49,7 +49,8 @@ def test_server_payload_version() -> None:
         ("0.15.1", "config.forbid_unknown_fields", False),
         ("0.16.0", "config.forbid_unknown_fields", True),
         ("0.15.0", "http.pause.legacy_params", True),
-        ("0.16.0", "http.pause.legacy_params", False),
+        ("0.31.0", "http.pause.legacy_params", True),  # still taken beside mode (vllm_facts.json)
+        ("0.32.0", "http.pause.legacy_params", False),
         ("0.16.0", "http.pause.mode", True),
         ("0.32.0+cpu", "http.sleep.json_body", True),
         ("0.31.2", "http.sleep.json_body", False),
@@ -97,12 +98,14 @@ def test_every_row_names_its_source_and_a_real_version() -> None:
 
 
 def test_every_version_in_facts_table_is_in_the_data() -> None:
-    """Each first-version of FACTS.md section 2 appears in capabilities.yaml."""
+    """Each first-version of FACTS.md section 2 appears in kvctl's data (capabilities.yaml or the
+    facts generated from vLLM's sources)."""
     if not FACTS.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{FACTS} is missing: CI lays shared/ beside the clone")
         pytest.skip("shared/FACTS.md is not beside this checkout")
     section = FACTS.read_text().split("## 2.")[1].split("## 3.")[0]
-    data = (Path(__file__).resolve().parents[1] / "kvctl" / "data" / "capabilities.yaml").read_text()
+    folder = Path(__file__).resolve().parents[1] / "kvctl" / "data"
+    data = (folder / "capabilities.yaml").read_text() + (folder / "vllm_facts.json").read_text()
     for version in set(re.findall(r"\| (0\.\d+\.\d+) \|", section)):
         assert f'"{version}"' in data, version

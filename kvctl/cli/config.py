@@ -128,16 +128,27 @@ def validate(
     vllm_version: VllmVersionOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Check a kv_transfer_config (JSON/YAML), a verl config, a mooncake.json or a --out bundle.
+    """Check the KV-transfer configs in a file against a vLLM release.
 
-    Reports every problem with where it is and how to fix it; exit 1 when any is an error.
+    FILE: a kv_transfer_config (JSON/YAML), a mooncake.json, a verl config or Hydra override line,
+    a `vllm serve` launch line or script, kvctl's vllm-args.txt, a vLLM --config YAML, a Kubernetes
+    manifest (container args, ConfigMaps), an LMCache config, or a `config render --out` folder.
+    Reports every problem with file:line, what is wrong and how to fix it; exit 1 when any is an
+    error, 2 when the input cannot be read (with --json, an error object on stdout too).
     """
     from kvctl.capabilities import resolve_target
     from kvctl.cli import output
+    from kvctl.errors import KvctlError
     from kvctl.validate import validate_path
 
-    version, source = resolve_target(vllm_version)
-    report = validate_path(file, version)
+    try:
+        version, source = resolve_target(vllm_version)
+        report = validate_path(file, version)
+    except KvctlError as exc:
+        if json_out:
+            output.print_json({"path": str(file), "ok": False, "error": {
+                "message": exc.message, "fix": exc.hint, "exit_code": exc.exit_code}})
+        raise
     if json_out:
         output.print_json({**report.to_dict(), "version_source": source})
     else:
@@ -152,10 +163,11 @@ def _print_report(report, source: str) -> None:  # noqa: ANN001 - ValidationRepo
     from kvctl.cli import output
 
     header = f"{escape(report.path)} ({report.kind}) for vLLM {report.vllm_version} [dim]({escape(source)})[/]"
+    found = "".join(f"\n  [dim]found {escape(item)}[/]" for item in report.found)
     if not report.problems:
-        output.show(f"[green]ok[/]  {header}: no problems found")
+        output.show(f"[green]ok[/]  {header}: no problems found{found}")
         return
-    output.show(header)
+    output.show(header + found)
     for p in report.problems:
         output.show(f"{output.styled(p.severity)}  [bold]{escape(p.where)}[/]\n    {escape(p.message)}\n"
                     f"    [dim]fix:[/] {escape(p.fix)}")

@@ -98,7 +98,7 @@ V_EXTERNAL_PREFIX_METRICS = (0, 11, 1)   # vllm:external_prefix_cache_{queries,h
 V_RESET_MM_ROUTE = (0, 11, 1)            # POST /reset_mm_cache (dev)
 V_PAUSE_ROUTES = (0, 12, 0)              # /pause /resume /is_paused
 V_RESET_PARAMS = (0, 13, 0)              # reset_running_requests / reset_external honoured
-V_SERVER_INFO_ROUTE = (0, 13, 0)         # GET /server_info (dev)
+V_SERVER_INFO_ROUTE = (0, 11, 0)         # GET /server_info?config_format= (dev; vllm_facts.json)
 V_MULTI_CONNECTOR_RESET = (0, 13, 0)     # MultiConnector.reset_cache resets children
 V_MOONCAKE_P2P_CONNECTOR = (0, 13, 0)    # v1 MooncakeConnector exists
 V_KV_LOAD_FAILURE_POLICY = (0, 13, 0)

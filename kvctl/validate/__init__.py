@@ -1,0 +1,108 @@
+"""Check the configs people have against a vLLM release, and report every problem found, each with
+where it is (file:line), what is wrong and how to fix it.
+
+    readers/      one reader per input format -> located Artifacts (model.py)
+    kv_config.py  checks of a kv_transfer_config        mooncake_file.py  of a mooncake.json
+    env.py        of the servers' environment           lmcache.py        of an LMCache config
+    bundle.py     of a rendered bundle as a whole
+
+Version facts come only from kvctl.capabilities. Core library: no printing, no CLI imports, and
+never imports vllm, torch or mooncake (validate must run on a control node without them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from kvctl.errors import UsageError
+from kvctl.templates import connector_names
+from kvctl.validate.env import validate_env
+from kvctl.validate.kv_config import validate_kv_transfer_config, version_notes
+from kvctl.validate.lmcache import validate_lmcache_config
+from kvctl.validate.model import (
+    ERROR,
+    WARNING,
+    Artifact,
+    Problem,
+    SourceLines,
+    ValidationReport,
+    locate,
+)
+from kvctl.validate.mooncake_file import validate_mooncake_config
+from kvctl.validate.readers import not_found, read
+from kvctl.validate.readers.documents import node_lines, parse_document
+from kvctl.validate.readers.env_file import read_env_file
+from kvctl.versions import parse_version
+
+__all__ = [
+    "ERROR", "WARNING", "Problem", "SourceLines", "ValidationReport", "load_kv_transfer_config",
+    "node_lines", "parse_document", "read_env_file", "validate_env", "validate_kv_transfer_config",
+    "validate_mooncake_config", "validate_path",
+]
+
+
+def validate_path(path: Path, version: Version | str) -> ValidationReport:
+    """Validate every config in a file (any format kvctl reads) or a rendered bundle folder.
+
+    UsageError (exit 2) when the input cannot be read or holds nothing kvctl can validate.
+    """
+    v, path = parse_version(version), Path(path)
+    found = read(path)
+    if not found.artifacts and not found.problems:
+        raise not_found(path)
+    report = ValidationReport(str(path), found.format, str(v), list(found.problems))
+    report.problems += version_notes(v, str(path))
+    names = tuple(n for a in found.artifacts if a.kind == "kv_transfer_config"
+                  for n in connector_names(a.data))
+    for artifact in found.artifacts:
+        report.found.append(_describe(artifact))
+        report.problems += _check(artifact, v, artifact.readers or names)
+    if found.format == "bundle":
+        from kvctl.validate.bundle import check_bundle
+
+        env = next(((a.data, a.lines) for a in found.artifacts if a.kind == "env"), None)
+        report.problems += check_bundle(path, found.artifacts[0].data, env, names, found.copies)
+    return report
+
+
+def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Problem]:
+    if artifact.kind == "kv_transfer_config":
+        return validate_kv_transfer_config(artifact.data, v, artifact.where, artifact.lines,
+                                           env=artifact.env)
+    if artifact.kind == "mooncake":
+        return validate_mooncake_config(artifact.data, v, artifact.where, artifact.lines,
+                                        readers=names)
+    if artifact.kind == "env":
+        return validate_env(artifact.data, artifact.where, names, artifact.lines)
+    return validate_lmcache_config(artifact.data, v, artifact.where, artifact.lines)
+
+
+def _describe(artifact: Artifact) -> str:
+    where = locate(artifact.where, artifact.lines)
+    return f"{artifact.kind} at {where}" + (f" ({artifact.origin})" if artifact.origin else "")
+
+
+def load_kv_transfer_config(path: Path) -> dict[str, Any]:
+    """The one kv_transfer_config in a file (any format kvctl reads) or a bundle folder.
+
+    UsageError when there is none (a mooncake.json has none either), or several.
+    """
+    path = Path(path)
+    found = read(path)
+    configs = [a for a in found.artifacts if a.kind == "kv_transfer_config"]
+    if not configs and found.artifacts:
+        kinds = sorted({"a mooncake.json" if a.kind == "mooncake" else f"an {a.kind} config"
+                        for a in found.artifacts})
+        raise UsageError(f"{path}: no kv_transfer_config in it: it holds {' and '.join(kinds)}",
+                         "give the kv_transfer_config (or a launch line, verl config, manifest or "
+                         "bundle holding one)")
+    if not configs:
+        raise not_found(path)
+    if len({repr(a.data) for a in configs}) > 1:
+        raise UsageError(f"{path}: holds {len(configs)} different kv_transfer_configs: "
+                         + "; ".join(_describe(a) for a in configs),
+                         "give a file with one, or check them all with kvctl config validate")
+    return configs[0].data

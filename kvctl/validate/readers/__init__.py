@@ -1,0 +1,71 @@
+"""Readers: one per input format, each turning a file (or a bundle folder) into located Artifacts.
+
+`read(path)` picks the reader: a folder is a kvctl bundle; `.sh`/`.txt`/... and text that is not
+a YAML mapping are launch lines; JSON / YAML documents are searched for configs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvctl.errors import UsageError
+from kvctl.validate.readers.documents import parse_documents, read_text
+from kvctl.validate.readers.shell import read_launch_text
+from kvctl.validate.readers.structured import Found, read_document, read_document_text
+
+_LAUNCH_SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".args")
+
+
+def read(path: Path) -> Found:
+    """Every config in `path`. UsageError when it cannot be read."""
+    path = Path(path)
+    if path.is_dir():
+        from kvctl.validate.readers.bundle import read_bundle
+
+        return read_bundle(path)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or folder", "check the path")
+    text = read_text(path)
+    if path.suffix.lower() in _LAUNCH_SUFFIXES:
+        return _launch(text, path)
+    try:
+        documents = parse_documents(path, text)
+    except UsageError:
+        if _looks_like_launch(text):  # a script YAML cannot parse (e.g. `: ` inside an argument)
+            return _launch(text, path)
+        raise
+    if all(data is None or isinstance(data, str) for data, _ in documents):
+        if _looks_like_launch(text):
+            return _launch(text, path)
+        kind = "empty" if all(data is None for data, _ in documents) else "plain text"
+        raise UsageError(f"{path}: the file is {kind}, not a config or a launch line", _WHAT)
+    found = Found("")
+    formats = []
+    for data, node in documents:
+        part = read_document(data, node, str(path))
+        formats.append(part.format)
+        found.artifacts += part.artifacts
+        found.problems += part.problems
+    found.format = "k8s" if "k8s" in formats else formats[0]
+    return found
+
+
+def _launch(text: str, path: Path) -> Found:
+    artifacts, problems = read_launch_text(text, str(path), documents=read_document_text)
+    return Found("launch-line", artifacts, problems)
+
+
+def _looks_like_launch(text: str) -> bool:
+    return "kv-transfer-config" in text or "kv_transfer_config" in text
+
+
+_WHAT = ("give a kv_transfer_config (JSON/YAML), a mooncake.json, a verl config or Hydra override "
+         "line, a vllm serve launch line or script, a vLLM --config YAML, a Kubernetes manifest, an "
+         "LMCache config, or a folder written by kvctl config render --out DIR")
+
+
+def not_found(path: Path) -> UsageError:
+    return UsageError(f"{path}: no kv_transfer_config, mooncake.json or LMCache config found in it; "
+                      "looked for a kv_connector/kv_role mapping, a kv_transfer_config key (any "
+                      "depth, dashed or not), --kv-transfer-config in launch lines and container "
+                      "args, Hydra overrides, and JSON objects with master_server_address", _WHAT)

@@ -1,0 +1,98 @@
+"""Reading files and parsing JSON / YAML with the line of every key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvctl import yamlio
+from kvctl.errors import UsageError
+from kvctl.validate.model import SourceLines, join
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"cannot read {path}: {reason}", "check the path and its permissions") from None
+
+
+def node_lines(node: yaml.Node | None, root: str, file: str) -> SourceLines:
+    """Lines of every key under a composed YAML node, with the document root named `root`."""
+    lines = SourceLines(file)
+    if node is not None:
+        lines[root] = node.start_mark.line + 1
+        _collect_lines(node, root, lines)
+    return lines
+
+
+def _collect_lines(node: yaml.Node, path: str, lines: SourceLines) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = join(path, key_node.value)
+            lines[child] = key_node.start_mark.line + 1  # last duplicate wins, as in safe_load
+            _collect_lines(value_node, child, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            child = f"{path}[{index}]"
+            lines[child] = item.start_mark.line + 1
+            _collect_lines(item, child, lines)
+
+
+def text_lines(text: str, root: str, file: str, base: int) -> SourceLines:
+    """Lines of the keys of a JSON/YAML text embedded at file line `base` (a --kv-transfer-config
+    argument, a ConfigMap entry); only the root is located when the text does not compose."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        node = None
+    return node_lines(node, "", file).shifted(root, base) if node is not None else \
+        SourceLines(file, {root: base})
+
+
+def parse_document(path: Path) -> tuple[Any, yaml.Node | None]:
+    """Parse a YAML or JSON file into its data and its composed node (for line numbers).
+
+    UsageError naming the file and line for malformed input.
+    """
+    docs = parse_documents(path)
+    if len(docs) > 1:
+        raise UsageError(f"{path}: holds {len(docs)} YAML documents where one config was expected",
+                         "split the file, or validate the whole file (Kubernetes manifests are read "
+                         "document by document)")
+    return docs[0] if docs else (None, None)
+
+
+def parse_documents(path: Path, text: str | None = None) -> list[tuple[Any, yaml.Node | None]]:
+    """Every document of a JSON file or a (multi-document) YAML file, with its composed node."""
+    text = read_text(path) if text is None else text
+    if path.suffix.lower() == ".json":
+        return [_parse_json(path, text)]
+    try:
+        datas, nodes = yamlio.safe_load_all(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UsageError(f"{path}{line}: not valid YAML: {problem}",
+                         f"fix the YAML syntax{' at line ' + line[1:] if line else ''}") from None
+    return [(d, n) for d, n in zip(datas, nodes) if d is not None] or [(None, None)]
+
+
+def _parse_json(path: Path, text: str) -> tuple[Any, yaml.Node | None]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}",
+                         f"fix the JSON at line {exc.lineno}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: nested too deeply to be a config", "flatten it") from None
+    try:
+        yamlio.check(text)
+        return data, yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:  # JSON that YAML cannot compose (e.g. tab indents): no line numbers
+        return data, None

@@ -1,0 +1,1 @@
+VLLM_USE_V1=0 CUDA_VISIBLE_DEVICES=1 vllm serve /data/models/Qwen3-32B-FP8 --tensor_parallel-size 1 --port 8101 --max-model-len 40960 --swap-space 0 --trust-remote-code  --kv-cache-dtype 'fp8' --enable-reasoning --reasoning-parser deepseek_r1 --compilation-config '{"level":3}' --kv-transfer-config '{"kv_connector":"DynamoNixlConnector"}'  --no-enable-chunked-prefill

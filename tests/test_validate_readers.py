@@ -1,0 +1,206 @@
+"""kvctl.validate.readers: every input format people have, read into located configs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvctl.errors import UsageError
+from kvctl.validate import load_kv_transfer_config, validate_path
+from kvctl.validate.readers import read
+from kvctl.validate.readers.shell import tokenize
+
+STORE = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def configs(path: Path) -> list[dict]:
+    return [a.data for a in read(path).artifacts if a.kind == "kv_transfer_config"]
+
+
+def line_of(path: Path, dotted: str) -> int:
+    """The line read() located `dotted` at, in the only artifact that has it."""
+    found = [a.lines[dotted] for a in read(path).artifacts if dotted in a.lines]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# -- shell launch lines ---------------------------------------------------------------------
+def test_vllm_serve_line_with_continuations_and_multiline_json(tmp_path: Path) -> None:
+    path = write(tmp_path, "launch.sh", """#!/bin/bash
+# prefill
+export MOONCAKE_CONFIG_PATH=/etc/mooncake.json
+CUDA_VISIBLE_DEVICES=0 vllm serve Qwen/Qwen2.5-7B \\
+    --port 8100 \\
+    --kv-transfer-config '{"kv_connector": "MooncakeStoreConnector",
+                           "kv_role": "kv_both",
+                           "kv_buffer_size": "1e9"}' &
+python3 -m vllm.entrypoints.openai.api_server --model m --kv-transfer-config='{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+""")
+    found = read(path)
+    assert found.format == "launch-line"
+    assert [a.data["kv_connector"] for a in found.artifacts] == ["MooncakeStoreConnector", "NixlConnector"]
+    first, second = found.artifacts
+    assert first.lines["kv_transfer_config.kv_connector"] == 6
+    assert first.lines["kv_transfer_config.kv_buffer_size"] == 8  # the key's own line in the JSON
+    assert second.lines["kv_transfer_config.kv_role"] == 9
+    assert "vllm serve" in first.origin and "python -m vllm.entrypoints.openai.api_server" in second.origin
+
+
+def test_dotted_and_underscored_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", "vllm serve m --kv_transfer_config.kv_connector=LMCacheConnectorV1 "
+                 "--kv-transfer-config.kv_role kv_both\n")
+    assert configs(path) == [{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}]
+
+
+def test_kvctl_own_vllm_args_file_on_its_own(tmp_path: Path) -> None:
+    args = f"--kv-transfer-config '{json.dumps(STORE)}'\n"
+    path = write(tmp_path, "vllm-args.txt", args)
+    assert configs(path) == [STORE]
+
+
+def test_comments_end_at_the_line_and_do_not_swallow_the_next_command(tmp_path: Path) -> None:
+    commands = tokenize("a --x 1 # comment here\nvllm serve m\n")
+    assert [[t.text for t in c] for c in commands] == [["a", "--x", "1"], ["vllm", "serve", "m"]]
+
+
+def test_shell_variables_are_said_not_guessed(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", 'vllm serve m --kv-transfer-config "$KV_CONFIG"\n')
+    report = validate_path(path, "0.32.0")
+    assert report.ok and "$KV_CONFIG, which the script does not set" in report.problems[0].message
+    assert report.problems[0].where.startswith(f"{path}:1")
+
+
+def test_unbalanced_quote_is_a_usage_error_with_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", "echo hi\nvllm serve m --kv-transfer-config '{\"a\": 1}\n")
+    with pytest.raises(UsageError, match=r"line 2: no closing quotation"):
+        read(path)
+
+
+# -- verl / Hydra ---------------------------------------------------------------------------
+def test_verl_hydra_overrides_whole_and_by_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "train.sh", """python3 -m verl.trainer.main_ppo \\
+    data.train_batch_size=256 \\
+    actor_rollout_ref.rollout.engine_kwargs.vllm.kv_transfer_config='{kv_connector:MooncakeStoreConnector,kv_role:kv_both}' \\
+    +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_transfer_config.kv_connector_extra_config.cache_prefix=team-a
+""")
+    (artifact,) = read(path).artifacts
+    assert artifact.data == {**STORE, "kv_connector_extra_config": {"cache_prefix": "team-a"}}
+    assert artifact.lines["kv_transfer_config.kv_role"] == 3
+    assert artifact.lines["kv_transfer_config.kv_connector_extra_config.cache_prefix"] == 4
+    assert artifact.origin.startswith("Hydra override")
+
+
+def test_verl_yaml_with_a_json_string_block_locates_the_key_inside(tmp_path: Path) -> None:
+    path = write(tmp_path, "verl.yaml", """actor_rollout_ref:
+  rollout:
+    engine_kwargs:
+      vllm:
+        kv_transfer_config: |
+          {"kv_connector": "MooncakeStoreConnector",
+           "kv_role": "kv_both",
+           "kv_rank": 0}
+""")
+    assert read(path).format == "verl"
+    assert line_of(path, "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_transfer_config.kv_rank") == 8
+
+
+# -- vLLM --config YAML, Kubernetes, docker-compose -----------------------------------------------
+def test_vllm_config_yaml_with_dashed_keys(tmp_path: Path) -> None:
+    path = write(tmp_path, "config.yaml", "model: m\nport: 8000\nkv-transfer-config:\n"
+                 "  kv_connector: MooncakeStoreConnector\n  kv_role: kv_both\n")
+    found = read(path)
+    assert found.format == "vllm-config" and configs(path) == [STORE]
+    assert line_of(path, "kv-transfer-config.kv_role") == 5
+
+
+K8S = """apiVersion: v1
+kind: ConfigMap
+metadata: {name: mooncake}
+data:
+  mooncake.json: |
+    {
+      "metadata_server": "P2PHANDSHAKE",
+      "master_server_address": "mooncake-master:50051",
+      "protocol": "tcp",
+      "global_segment_size": "4GB",
+      "local_buffer_size": "512MB",
+      "local_hostnme": "x"
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm}
+spec:
+  template:
+    spec:
+      containers:
+        - name: prefill
+          image: vllm/vllm-openai:v0.23.0
+          args:
+            - "--model"
+            - "Qwen/Qwen3-8B"
+            - "--kv-transfer-config"
+            - '{"kv_connector":"MooncakeStoreConnector","kv_role":"kv_both"}'
+        - name: decode
+          command: ["/bin/sh", "-c"]
+          args:
+            - |
+              vllm serve Qwen/Qwen3-8B \\
+                --kv-transfer-config '{"kv_connector":"MooncakeStoreConnector","kv_role":"kv_bot"}'
+"""
+
+
+def test_kubernetes_manifest_args_script_and_configmap(tmp_path: Path) -> None:
+    path = write(tmp_path, "deploy.yaml", K8S)
+    found = read(path)
+    assert found.format == "k8s"
+    kinds = [(a.kind, a.lines.get(a.where)) for a in found.artifacts]
+    assert kinds == [("mooncake", 6), ("kv_transfer_config", 28), ("kv_transfer_config", 34)]
+    report = validate_path(path, "0.23.0")
+    wheres = {p.where for p in report.problems}
+    assert any(w.startswith(f"{path}:34 kv_transfer_config.kv_role") for w in wheres), wheres
+    assert any(w.startswith(f"{path}:12 data.mooncake.json.local_hostnme") for w in wheres), wheres
+
+
+def test_several_different_configs_are_refused_where_one_is_needed(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="2 different kv_transfer_configs"):
+        load_kv_transfer_config(write(tmp_path, "deploy.yaml", K8S))
+
+
+def test_lmcache_config_with_a_mooncake_backend(tmp_path: Path) -> None:
+    path = write(tmp_path, "lmcache.yaml", "chunk_size: 256\nlocal_cpu: false\n"
+                 "remote_url: mooncakestore://:50051/\nremote_serde: naive\n"
+                 "extra_config:\n  master_server_address: localhost:50051\n  metadata_server: P2PHANDSHAKE\n"
+                 "  protocol: tcp\n  local_buffer_size: 0\n")
+    report = validate_path(path, "0.13.0")
+    assert report.kind == "lmcache"
+    wheres = [p.where for p in report.errors]
+    assert f"{path}:3 lmcache.remote_url" in wheres
+    assert f"{path}:9 lmcache.extra_config.local_buffer_size" in wheres
+
+
+# -- what cannot be read -------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["just some words\n", "", "---\n"])
+def test_text_without_configs_is_a_usage_error(tmp_path: Path, text: str) -> None:
+    with pytest.raises(UsageError):
+        validate_path(write(tmp_path, "notes.yaml", text), "0.32.0")
+
+
+def test_json_error_object_on_stdout_for_exit_2(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.json", "{nope")
+    run = subprocess.run([sys.executable, "-m", "kvctl", "config", "validate", str(path),
+                          "--vllm-version", "0.32.0", "--json"], capture_output=True, text=True)
+    assert run.returncode == 2
+    body = json.loads(run.stdout)
+    assert body["ok"] is False and "not valid JSON" in body["error"]["message"]
+    assert body["error"]["exit_code"] == 2

@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 MODELS ?= $(HOME)/.cache/kvctl/models
 PYTEST_ARGS ?=
 
-.PHONY: install vllm-env tiny-model test test-fast demo docs clean capabilities capabilities-check
+.PHONY: install vllm-env tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ capabilities: $(STAMP)
 # CI: regenerate the committed releases' facts from their sources; fails on any difference.
 capabilities-check: $(STAMP)
 	$(PY) -m tools.capabilities --check
+
+# Regenerate kvctl/data/mooncake_facts.json from Mooncake's release tags (a bare clone of
+# github.com/kvcache-ai/Mooncake; env MOONCAKE_GIT_DIR, default /work/.mirror/kvcache-ai+Mooncake/repo).
+capabilities-mooncake: $(STAMP)
+	$(PY) -m tools.capabilities.mooncake_facts
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info

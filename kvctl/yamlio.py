@@ -2,8 +2,9 @@
 pure-Python loader, which matters for 1000-replica inventories and every command's start-up.
 
 Every document is checked first, in one streaming pass over its events, against what a config
-never needs and an attacker can use: aliases (a few hundred bytes of `*a` references expand to
-millions of nodes), nesting deeper than MAX_DEPTH (Python's recursion limit), files over MAX_BYTES.
+never needs and an attacker can use: aliases that repeat more than MAX_ALIASED_NODES nodes (a few
+hundred bytes of `*a` references can stand for millions), nesting deeper than MAX_DEPTH (Python's
+recursion limit), files over MAX_BYTES.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import yaml
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_BYTES = 16 * 1024 * 1024
 MAX_DEPTH = 100
+MAX_ALIASED_NODES = 10_000  # what aliases may repeat in one document (a shared env block: tens)
 
 
 class YamlLimitError(yaml.YAMLError):
@@ -22,20 +24,40 @@ class YamlLimitError(yaml.YAMLError):
 
 
 def check(text: str) -> None:
-    """Refuse aliases, deep nesting and huge input before anything is built from `text`."""
+    """Refuse alias bombs, deep nesting and huge input before anything is built from `text`.
+
+    Aliases are real YAML (Kubernetes and CI files share env blocks with `&common` / `*common`):
+    they are allowed as long as what they repeat stays small, counted as the nodes each alias
+    stands for (an anchor's size includes the aliases inside it, so nesting multiplies)."""
     if len(text) > MAX_BYTES:
         raise YamlLimitError(f"{len(text)} bytes is more than kvctl reads ({MAX_BYTES // (1024 * 1024)} MB)")
-    depth = 0
+    sizes: dict[str, int] = {}  # anchor -> nodes it stands for
+    open_: list[tuple[str | None, int]] = []  # (anchor, nodes so far) of each open collection
+    repeated = 0
     for event in yaml.parse(text, Loader=_LOADER):
-        if isinstance(event, yaml.AliasEvent):
-            raise YamlLimitError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: kvctl does not "
-                                 "expand aliases (a few can grow to millions of nodes); write the values out")
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_DEPTH:
+            open_.append((event.anchor, 1))
+            if len(open_) > MAX_DEPTH:
                 raise YamlLimitError(f"nesting deeper than {MAX_DEPTH} levels at line {event.start_mark.line + 1}")
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, count = open_.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, count = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, count = None, sizes.get(event.anchor, 1)
+            repeated += count
+            if repeated > MAX_ALIASED_NODES:
+                raise YamlLimitError(
+                    f"the alias *{event.anchor} at line {event.start_mark.line + 1} makes the document "
+                    f"repeat more than {MAX_ALIASED_NODES} nodes (an alias bomb?); write the values out")
+        else:
+            continue
+        if anchor:
+            sizes[anchor] = count
+        if open_:
+            parent_anchor, parent_count = open_[-1]
+            open_[-1] = (parent_anchor, parent_count + count)
 
 
 def safe_load(text: str) -> Any:
@@ -66,4 +88,4 @@ def _construct(node: yaml.Node) -> Any:
         loader.dispose()
 
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "YamlLimitError", "check", "safe_load", "safe_load_all"]
+__all__ = ["MAX_ALIASED_NODES", "MAX_BYTES", "MAX_DEPTH", "YamlLimitError", "check", "safe_load", "safe_load_all"]

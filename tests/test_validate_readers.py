@@ -204,3 +204,37 @@ def test_json_error_object_on_stdout_for_exit_2(tmp_path: Path) -> None:
     body = json.loads(run.stdout)
     assert body["ok"] is False and "not valid JSON" in body["error"]["message"]
     assert body["error"]["exit_code"] == 2
+
+
+# -- Python -----------------------------------------------------------------------------------
+def test_python_building_a_kv_transfer_config(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.py", """import os
+from vllm import LLM
+from vllm.config import KVTransferConfig
+os.environ["VLLM_USE_V1"] = "0"
+ktc = KVTransferConfig(
+    kv_connector="MooncakeStoreConnector",
+    kv_role=role,
+)
+llm = LLM(model="m", kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+other = KVTransferConfig.from_cli('{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}')
+""")
+    found = read(path)
+    assert found.format == "python"
+    first, *_ = found.artifacts
+    assert [a.data["kv_connector"] for a in found.artifacts] == [
+        "MooncakeStoreConnector", "NixlConnector", "LMCacheConnectorV1"]
+    assert first.data["kv_role"] == "${role}"  # not a literal: a placeholder, not a guess
+    assert first.lines["kv_transfer_config.kv_connector"] == 6
+    assert first.env == {"VLLM_USE_V1": "0"}
+    # the V0 store connector of 0.9.0 runs under VLLM_USE_V1=0, which the file sets
+    report = validate_path(path, "0.9.0")
+    assert not [p for p in report.errors if "V0 connector" in p.message]
+
+
+def test_yaml_anchors_and_aliases_of_real_manifests_are_read(tmp_path: Path) -> None:
+    """Shared env blocks (&env_common / *env_common) are common in CI and k8s YAML."""
+    path = write(tmp_path, "ci.yaml", "common: &env_common {VLLM_USE_V1: '1'}\n"
+                 "servers:\n  - envs: *env_common\n    args: ['--kv-transfer-config', "
+                 "'{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\"}']\n")
+    assert configs(path) == [{"kv_connector": "NixlConnector", "kv_role": "kv_both"}]

@@ -13,7 +13,18 @@ from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.validate.field_types import type_error
-from kvctl.validate.model import ERROR, WARNING, Collector, Problem, placeholder, closest, did_you_mean, either, find_key, join
+from kvctl.validate.model import (
+    ERROR,
+    WARNING,
+    Collector,
+    Problem,
+    closest,
+    did_you_mean,
+    either,
+    find_key,
+    join,
+    placeholder,
+)
 from kvctl.validate.mooncake_file import MOONCAKE_KEYS
 from kvctl.versions import parse_version
 

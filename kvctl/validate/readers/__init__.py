@@ -1,7 +1,8 @@
 """Readers: one per input format, each turning a file (or a bundle folder) into located Artifacts.
 
-`read(path)` picks the reader: a folder is a kvctl bundle; `.sh`/`.txt`/... and text that is not
-a YAML mapping are launch lines; JSON / YAML documents are searched for configs.
+`read(path)` picks the reader: a folder is a kvctl bundle; `.py` is Python (read with ast);
+`.sh`/`.txt`/... and text that is not a YAML mapping are launch lines; JSON / YAML documents are
+searched for configs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def read(path: Path) -> Found:
     if not path.exists():
         raise UsageError(f"{path}: no such file or folder", "check the path")
     text = read_text(path)
+    if path.suffix.lower() == ".py":
+        from kvctl.validate.readers.python_source import read_python
+
+        return Found("python", read_python(text, str(path)))
     if path.suffix.lower() in _LAUNCH_SUFFIXES:
         return _launch(text, path)
     try:
@@ -61,7 +66,8 @@ def _looks_like_launch(text: str) -> bool:
 
 _WHAT = ("give a kv_transfer_config (JSON/YAML), a mooncake.json, a verl config or Hydra override "
          "line, a vllm serve launch line or script, a vLLM --config YAML, a Kubernetes manifest, an "
-         "LMCache config, or a folder written by kvctl config render --out DIR")
+         "LMCache config, Python building a KVTransferConfig, or a folder written by kvctl config "
+         "render --out DIR")
 
 
 def not_found(path: Path) -> UsageError:

@@ -114,10 +114,7 @@ class _Shell:
             for token in tokens[1:]:
                 match = _ASSIGN.match(token.text)
                 if match:
-                    value = self.expand(match["value"])
-                    self.variables[match["name"]] = value
-                    if exported:
-                        self.exported[match["name"]] = value
+                    self.remember(match["name"], self.expand(match["value"]), exported)
             return None
         env = dict(self.exported)
         index = 0
@@ -127,9 +124,22 @@ class _Shell:
             env[match["name"]] = self.expand(match["value"])
             index += 1
         if index == len(tokens):  # NAME=value on its own: a shell variable from now on
-            self.variables.update({k: v for k, v in env.items() if k not in self.exported})
+            for name, value in env.items():
+                if name not in self.exported:
+                    self.remember(name, value)
             return None
         return Command(tokens[index:], env)
+
+    def remember(self, name: str, value: str, exported: bool = False) -> None:
+        """Record NAME=value; a value only running the script gives ($(...), $((...)), `...`,
+        cut by the tokenizer to a trailing '$') is forgotten rather than guessed."""
+        if value.endswith("$") or "$(" in value or "`" in value:
+            self.variables.pop(name, None)
+            self.exported.pop(name, None)
+            return
+        self.variables[name] = value
+        if exported:
+            self.exported[name] = value
 
     def expand(self, text: str) -> str:
         """$NAME and ${NAME} replaced where the script set NAME; others left as written."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kvctl.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe, join
-from kvctl.validate.readers.documents import node_lines, text_lines
+from kvctl.validate.readers.documents import node_lines, parse_documents, text_lines
 from kvctl.validate.readers.shell import Command, Token, configs_in_command, read_launch_text
 
 _KTC_KEYS = ("kv_transfer_config", "kv-transfer-config")
@@ -57,9 +58,6 @@ def read_document(data: Any, node: yaml.Node | None, file: str) -> Found:
 
 def read_document_text(text: str, file: str, first_line: int) -> tuple[list[Artifact], list[Problem]]:
     """The configs in a JSON / YAML text embedded at `first_line` of `file` (a heredoc body)."""
-    from kvctl.validate.readers.documents import parse_documents
-    from pathlib import Path
-
     found = Found("")
     for data, node in parse_documents(Path(file), text):
         if not isinstance(data, (dict, list)):

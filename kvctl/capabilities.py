@@ -97,6 +97,7 @@ class CapabilityTable:
 
     def __init__(self, raw: dict[str, Any], facts: dict[str, Any]) -> None:
         self.facts = facts
+        self._registered: dict[tuple[str | Version, str], Registration | None] = {}  # asked per config
         releases = facts["releases"]
         self.first_known, self.newest_known = Version(releases[0]), Version(releases[-1])
         self.min_supported = Version(raw["min_supported"])
@@ -124,7 +125,12 @@ class CapabilityTable:
     # -- generated facts (kvctl/data/vllm_facts.json, from vLLM's released sources) --------
     def registered(self, version: str | Version, name: str) -> Registration | None:
         """How `version` registers connector `name` (V1 wins over V0), or None."""
-        v = parse_version(version)
+        key = (version, name)
+        if key not in self._registered:
+            self._registered[key] = self._registration(parse_version(version), name)
+        return self._registered[key]
+
+    def _registration(self, v: Version, name: str) -> Registration | None:
         entry = self.facts.get("connectors", {}).get(name, {})
         for generation in ("v1", "v0"):
             row = _interval_at(entry.get(generation, []), v)
@@ -134,7 +140,7 @@ class CapabilityTable:
 
     def connectors_in(self, version: str | Version) -> list[str]:
         """Every connector name `version` registers (V0 and V1), sorted."""
-        return sorted(n for n in self.facts.get("connectors", {}) if self.registered(version, n))
+        return sorted(n for n in self.facts["connectors"] if self.registered(version, n))
 
     def connector_history(self, name: str) -> str | None:
         """'V0 0.8.5-0.10.2, V1 >= 0.21.0' for a name some release registered, else None."""

@@ -69,6 +69,12 @@ def safe_load(text: str) -> Any:
         raise YamlLimitError(str(exc)) from None
 
 
+def compose(text: str) -> yaml.Node | None:
+    """The node tree of one document (for the line of each key), through libyaml when present;
+    callers have checked `text` (or parsed it as JSON, which has no aliases)."""
+    return yaml.compose(text, Loader=_LOADER)
+
+
 def safe_load_all(text: str) -> tuple[list[Any], list[yaml.Node]]:
     """Every document of a multi-document stream (Kubernetes manifests), with its composed node
     (for the line of each key), after check(). Empty documents are left out."""
@@ -88,4 +94,4 @@ def _construct(node: yaml.Node) -> Any:
         loader.dispose()
 
 
-__all__ = ["MAX_ALIASED_NODES", "MAX_BYTES", "MAX_DEPTH", "YamlLimitError", "check", "safe_load", "safe_load_all"]
+__all__ = ["MAX_ALIASED_NODES", "MAX_BYTES", "MAX_DEPTH", "YamlLimitError", "check", "compose", "safe_load", "safe_load_all"]

@@ -238,3 +238,22 @@ def test_yaml_anchors_and_aliases_of_real_manifests_are_read(tmp_path: Path) -> 
                  "servers:\n  - envs: *env_common\n    args: ['--kv-transfer-config', "
                  "'{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\"}']\n")
     assert configs(path) == [{"kv_connector": "NixlConnector", "kv_role": "kv_both"}]
+
+
+# -- hostile input --------------------------------------------------------------------------
+def test_nesting_too_deep_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    report = validate_path(write(tmp_path, "run.sh", f"vllm serve m --kv-transfer-config '{deep}'\n"), "0.32.0")
+    assert any("nested too deeply" in p.message for p in report.errors)
+    inner = '{"a":' * 3000 + "1" + "}" * 3000
+    report = validate_path(write(tmp_path, "c.yaml", f"kv_transfer_config: '{inner}'\n"), "0.32.0")
+    assert any("nested too deeply" in p.message for p in report.errors)
+    with pytest.raises(UsageError, match="not valid Python"):
+        read(write(tmp_path, "x.py", "x = " + "(" * 300_000 + ")" * 300_000 + "\n"))
+
+
+def test_huge_inputs_are_refused_before_reading(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="more than kvctl reads as a launch script"):
+        read(write(tmp_path, "run.sh", "echo hi\n" * 200_000))
+    with pytest.raises(UsageError, match="more than kvctl reads"):
+        read(write(tmp_path, "c.yaml", "a: b\n" * 4_000_000))

@@ -139,7 +139,7 @@ def _check_master_address(value: Any, path: str, out: Collector) -> None:
     host, sep, port = value.rpartition(":")
     if "://" in host or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         out.error(path, f"master_server_address {value!r} is not host:port with a numeric port",
-                  f'e.g. "master_server_address": "127.0.0.1:50051"'
+                  'e.g. "master_server_address": "127.0.0.1:50051"'
                   + (" (no scheme)" if "://" in value else ""))
 
 

@@ -15,10 +15,22 @@ from kvctl.validate.model import SourceLines, join
 
 def read_text(path: Path) -> str:
     try:
+        size = path.stat().st_size
+        if size > yamlio.MAX_BYTES:
+            raise UsageError(f"{path}: {size} bytes is more than kvctl reads "
+                             f"({yamlio.MAX_BYTES // (1024 * 1024)} MB)", "give the config itself")
         return path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise UsageError(f"cannot read {path}: {reason}", "check the path and its permissions") from None
+
+
+def loads(text: str) -> Any:
+    """json.loads, with nesting too deep for Python's recursion limit reported as a JSON error."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to be a config", text, 0) from None
 
 
 def node_lines(node: yaml.Node | None, root: str, file: str) -> SourceLines:
@@ -47,8 +59,8 @@ def text_lines(text: str, root: str, file: str, base: int) -> SourceLines:
     """Lines of the keys of a JSON/YAML text embedded at file line `base` (a --kv-transfer-config
     argument, a ConfigMap entry); only the root is located when the text does not compose."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        node = yamlio.compose(text)
+    except (yaml.YAMLError, RecursionError):
         node = None
     return node_lines(node, "", file).shifted(root, base) if node is not None else \
         SourceLines(file, {root: base})

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvctl.errors import UsageError
 from kvctl.validate.model import Artifact, SourceLines, join
+from kvctl.validate.readers.documents import loads
 
 _ROOT = "kv_transfer_config"
 
@@ -58,7 +59,7 @@ def _kv_transfer_config(call: ast.Call, file: str) -> tuple[dict[str, Any], Sour
         value = _value(call.args[0])
         if isinstance(value, str):
             try:
-                parsed = json.loads(value)
+                parsed = loads(value)
             except json.JSONDecodeError:
                 return None
             if isinstance(parsed, dict):

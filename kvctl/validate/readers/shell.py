@@ -22,7 +22,7 @@ import yaml
 from kvctl import yamlio
 from kvctl.errors import UsageError
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
-from kvctl.validate.readers.documents import text_lines
+from kvctl.validate.readers.documents import loads, text_lines
 
 _PUNCTUATION = ";&|()<>\n"  # shlex groups runs of these into one token, e.g. "&\n"
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
@@ -37,6 +37,8 @@ _JSON_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 _HEREDOC = re.compile(r"<<(?P<dash>-?)\s*(?P<quote>['\"]?)(?P<word>\w+)(?P=quote)")
 _MARKERS = ("--kv-transfer-config", "--kv_transfer_config")
 _MAX_DEPTH = 3  # strings holding launch lines holding strings ...
+# Launch scripts are kilobytes; POSIX word splitting in Python reads ~1 MB a second.
+MAX_SCRIPT_BYTES = 1024 * 1024
 
 # Reads a heredoc body that is a document (JSON / YAML); given by the structured reader, which
 # this module does not import.
@@ -74,6 +76,7 @@ def tokenize(text: str, base_line: int = 1) -> list[list[Token]]:
     lexer.whitespace, lexer.whitespace_split, lexer.commenters = " \t\r", True, ""
     commands: list[list[Token]] = [[]]
     in_comment = array = False
+    lines = _NewlineCounter(text)
     while True:
         try:
             word = lexer.get_token()
@@ -96,8 +99,24 @@ def tokenize(text: str, base_line: int = 1) -> list[list[Token]]:
             commands.append([])
             continue
         end = max(lexer.instream.tell() - 1, 0)
-        commands[-1].append(Token(word, base_line + text.count("\n", 0, end) - word.count("\n")))
+        lines.advance(end)
+        commands[-1].append(Token(word, base_line + lines.newlines - word.count("\n")))
     return [c for c in commands if c]
+
+
+@dataclass
+class _NewlineCounter:
+    """Newlines before an offset, counted once as offsets only grow (a count from 0 for every
+    token made a 1 MB script take 40 s)."""
+
+    text: str
+    offset: int = 0
+    newlines: int = 0
+
+    def advance(self, offset: int) -> None:
+        if offset > self.offset:
+            self.newlines += self.text.count("\n", self.offset, offset)
+            self.offset = offset
 
 
 @dataclass
@@ -154,6 +173,10 @@ def read_launch_text(text: str, file: str, base_line: int = 1,
                      documents: DocumentReader | None = None) -> tuple[list[Artifact], list[Problem]]:
     """kv_transfer_config artifacts (one per command that sets one), the configs in heredoc
     bodies, and problems met while reading (a value that is not JSON, what kvctl cannot evaluate)."""
+    if len(text) > MAX_SCRIPT_BYTES:
+        raise UsageError(f"{file}: {len(text)} bytes of shell text is more than kvctl reads as a "
+                         f"launch script ({MAX_SCRIPT_BYTES // 1024} KB)",
+                         "give the script that starts vLLM, or the kv_transfer_config itself")
     return _Reader(file, documents).read(text, base_line, _Shell(), depth=0)
 
 
@@ -307,11 +330,11 @@ def _parse_value(value: str, json_only: bool) -> dict[str, Any] | str:
     """A dict, or the reason it is not one. vLLM reads the flag with json.loads; Hydra values are
     YAML-like (`{a: 1}`, `{a:1}`). Variables the script does not set stay in, as strings."""
     try:
-        parsed = json.loads(value)
+        parsed = loads(value)
     except json.JSONDecodeError as exc:
         reason: str = exc.msg
         try:  # "enable_async_transfers": $FLAG -> "$FLAG": a placeholder the checks skip
-            parsed = json.loads(_quote_variables(value))
+            parsed = loads(_quote_variables(value))
         except json.JSONDecodeError:
             if json_only:
                 return reason
@@ -337,6 +360,6 @@ def _quote_variables(text: str) -> str:
 
 def _scalar(value: str) -> Any:
     try:
-        return json.loads(value)
+        return loads(value)
     except json.JSONDecodeError:
         return value

@@ -18,7 +18,7 @@ import yaml
 
 from kvctl.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe, join
-from kvctl.validate.readers.documents import node_lines, parse_documents, text_lines
+from kvctl.validate.readers.documents import loads, node_lines, parse_documents, text_lines
 from kvctl.validate.readers.shell import Command, Token, configs_in_command, read_launch_text
 
 _KTC_KEYS = ("kv_transfer_config", "kv-transfer-config")
@@ -140,7 +140,7 @@ def _config_block(path: str, value: Any, node: yaml.Node | None, lines: SourceLi
     where = path
     if isinstance(value, str):
         try:
-            parsed = json.loads(value)
+            parsed = loads(value)
         except json.JSONDecodeError as exc:
             found.problems.append(Problem(f"{lines.file}:{lines.get(path, 1)} {path}",
                                           f"a string that is not JSON: {exc.msg}",
@@ -181,7 +181,7 @@ def _embedded_mooncake(path: str, value: str, node: yaml.Node | None, lines: Sou
                        found: Found) -> None:
     """A ConfigMap entry (or any string) holding a mooncake.json."""
     try:
-        parsed = json.loads(value)
+        parsed = loads(value)
     except json.JSONDecodeError:
         return  # a string that merely mentions the keys
     if isinstance(parsed, dict) and any(k in parsed for k in _MOONCAKE_MARKERS):

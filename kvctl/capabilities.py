@@ -179,6 +179,13 @@ class CapabilityTable:
         row = _interval_at(self.facts["config"]["class_kind"]["values"], parse_version(version))
         return "unknown" if row is None else str(row["value"])
 
+    def connector_reset_is_master_wide(self, version: str | Version, name: str) -> bool:
+        """Does `name`'s reset_cache() in `version` clear the whole Mooncake master (remove_all),
+        every deployment sharing it included? (from the calls its source makes)"""
+        rows = self.facts["connectors"].get(name, {}).get("reset_cache", [])
+        row = _interval_at(rows, parse_version(version))
+        return row is not None and any("remove_all(" in call for call in row.get("calls", []))
+
     def connector_lookup(self, version: str | Version) -> str | None:
         """What vLLM's connector factory consults first when kv_connector_module_path is set:
         "registry" or "module_path" (None: no module path in that release)."""

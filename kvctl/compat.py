@@ -67,6 +67,22 @@ def leaf_connectors(kv_transfer_config: dict[str, Any] | None) -> list[str]:
     return [name]
 
 
+def cache_prefix_of(kv_transfer_config: dict[str, Any] | None) -> str | None:
+    """The cache_prefix of the Mooncake store connector in a config (a MultiConnector's child
+    included): the prefix of this deployment's keys on the master (`<cache_prefix>@...`)."""
+    if not kv_transfer_config:
+        return None
+    extra = kv_transfer_config.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        return None
+    if kv_transfer_config.get("kv_connector") == "MooncakeStoreConnector":
+        prefix = extra.get("cache_prefix")
+        return str(prefix) if prefix else None
+    children = extra.get("connectors") if isinstance(extra.get("connectors"), list) else []
+    found = [cache_prefix_of(c) for c in children if isinstance(c, dict)]
+    return next((p for p in found if p), None)
+
+
 def layout_of(kv_transfer_config: dict[str, Any] | None) -> list[str]:
     if not kv_transfer_config or not kv_transfer_config.get("kv_connector"):
         return []

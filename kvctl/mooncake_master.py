@@ -52,6 +52,10 @@ class MasterError(KvctlError):
 # Admin client
 
 
+class NoHttpRemoveAll(MasterError):
+    """The master predates the HTTP remove_all (Mooncake 0.3.12.post1): 404."""
+
+
 @dataclass(frozen=True)
 class MasterMetrics:
     """The few master gauges and counters kvctl reads (from `GET /metrics`).
@@ -190,9 +194,11 @@ class MasterAdmin(HttpClientBase):
         path = "/api/v1/remove_all"
         response = await self._request("POST", path, force="true" if force else "false")
         if response.status == 404:
-            raise self._error(f"POST {path}: HTTP 404: this master has no HTTP remove_all",
-                              "upgrade mooncake_master, or clear the store with the Python "
-                              "client's MooncakeDistributedStore.remove_all(force=True)")
+            raise NoHttpRemoveAll(f"{self.base_url}: POST {path}: HTTP 404: this master has no HTTP "
+                                  "remove_all (Mooncake < 0.3.12.post1)",
+                                  "give its RPC port (--master-rpc HOST:PORT) so kvctl clears it "
+                                  "through Mooncake's store client, or upgrade mooncake_master to "
+                                  ">= 0.3.12.post1")
         self._check_status(response, "POST", path)
         payload = self._json(response, "POST", path)
         if not isinstance(payload, dict) or payload.get("success") is not True:

@@ -15,6 +15,7 @@ Nothing here prints: the CLI and the Python API (kvctl.api) render the receipt.
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from typing import Any, Literal
 from packaging.version import Version
 
 from kvctl.capabilities import table
-from kvctl.compat import layout_of
+from kvctl.compat import cache_prefix_of, layout_of
 from kvctl.http_base import HttpPool, shared_pool
 from kvctl.targets import Fleet, Replica
 from kvctl.vllm_client import PAUSE_TIMEOUT, CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
@@ -45,6 +46,9 @@ class ResetOptions:
     retries: int = 2
     concurrency: int = 64
     pause_timeout: float = PAUSE_TIMEOUT  # one /pause (it waits for in-flight requests); tried twice at most
+    # A scoped fleet (cache_prefix) loses only its own keys unless this says the whole master may go.
+    whole_master: bool = False
+    clear_timeout: float = 15.0  # how long a master clear may retry keys it skipped (puts in flight)
 
     @property
     def pausing(self) -> bool:
@@ -70,6 +74,8 @@ class ReplicaPlan:
     layout_source: str | None = None
     ops: list[PlannedOp] = field(default_factory=list)
     store_cleared_by_vllm: bool | None = None  # None: no store to clear
+    cache_prefix: str | None = None  # as the server's own kv_connector_extra_config says
+    local_only: str | None = None  # why reset_external is not sent (kvctl clears the store itself)
     error: str | None = None  # could not be planned (unreachable, dev mode off, ...)
 
     @property
@@ -85,6 +91,11 @@ class Plan:
     cache_prefix: str | None
     master_clear: bool = False
     master_clear_reason: str | None = None
+    # "scoped": only keys under <cache_prefix>@ (Mooncake's store client, RPC port);
+    # "whole": every key of the master (HTTP remove_all, or the store client on older masters)
+    master_clear_scope: str | None = None
+    master_rpc: str | None = None
+    notes: list[str] = field(default_factory=list)
     error: str | None = None  # the whole plan failed: nothing will be sent
     hint: str | None = None
 
@@ -104,7 +115,7 @@ async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None 
                 return await _plan_replica(replica, options, shared)
 
         replicas = await asyncio.gather(*(one(r) for r in fleet.replicas))
-    plan = Plan(options, list(replicas), fleet.master, fleet.cache_prefix)
+    plan = Plan(options, list(replicas), fleet.master, fleet.cache_prefix, master_rpc=fleet.master_rpc)
     _plan_master(plan)
     return plan
 
@@ -130,9 +141,11 @@ async def _learn_layout(client: VllmClient, replica: Replica, version: Version, 
     word when both exist (a wrong inventory must not plan the wrong reset); the inventory's word
     alone where the server cannot say."""
     served: list[str] | None = None
+    served_prefix: str | None = None
     if table().has(version, "http.server_info"):
         try:
-            served = layout_of(await client.kv_transfer_config())
+            config = await client.kv_transfer_config()
+            served, served_prefix = layout_of(config), cache_prefix_of(config)
         except ServerError as exc:
             if not replica.connector:
                 rp.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
@@ -144,6 +157,7 @@ async def _learn_layout(client: VllmClient, replica: Replica, version: Version, 
         return
     if served is not None:
         rp.layout, rp.layout_source = served, "server_info"
+        rp.cache_prefix = served_prefix
     elif replica.connector:
         rp.layout, rp.layout_source = [replica.connector], "inventory"
     else:
@@ -197,18 +211,44 @@ def _gated(version: Version, op: str, capability: str, params: dict[str, Any] | 
 
 
 def _plan_master(plan: Plan) -> None:
-    """Add the forced master clear where vLLM cannot clear the store; fail if it is needed but unknown."""
+    """Add the master clear where vLLM cannot clear the store (or would clear other deployments'
+    keys with it); fail if it is needed but cannot be done."""
     planned = [r for r in plan.replicas if r.error is None]
     if not planned:
         plan.error = "no replica could be planned: " + "; ".join(f"{r.name}: {r.error}" for r in plan.replicas)
         plan.hint = "check the URLs and that the servers are up (and run with VLLM_SERVER_DEV_MODE=1)"
         return
     if plan.options.connector:
-        _plan_master_clear(plan, planned)
+        _plan_scope(plan, planned)
+        if plan.error is None:
+            _plan_master_clear(plan, planned)
     if plan.error is None and plan.options.verify and plan.master is None \
             and any(r.has_store or r.layout is None for r in planned):
         plan.error = "--verify needs the Mooncake master to count its keys, and no master is known"
         plan.hint = "pass --master HOST:PORT (the master's admin/metrics port) or put master: in the inventory"
+
+
+def _plan_scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
+    """This deployment's cache_prefix: the inventory's (or run's), checked against what the
+    servers run; or the servers' own when all agree. A wrong prefix would clear the wrong keys."""
+    stores = [r for r in planned if r.has_store and r.layout_source == "server_info"]
+    served = {r.cache_prefix for r in stores}
+    if plan.cache_prefix is not None:
+        wrong = [f"{r.name} ({r.cache_prefix or 'none'})" for r in stores if r.cache_prefix != plan.cache_prefix]
+        if wrong:
+            plan.error = (f"the fleet's cache_prefix is '{plan.cache_prefix}', but the servers run with "
+                          f"another: {', '.join(wrong)} (their /server_info)")
+            plan.hint = "fix cache_prefix in the inventory (or run), or restart the servers with that prefix"
+        return
+    if len(served) > 1 and not plan.options.whole_master:
+        plan.error = ("the replicas run with different cache_prefixes: "
+                      + ", ".join(f"{r.name}={r.cache_prefix or 'none'}" for r in stores)
+                      + "; a clear scoped to one would leave the others' stale KV")
+        plan.hint = "reset each deployment on its own (one --inventory each), or pass --whole-master"
+        return
+    if served and None not in served:
+        plan.cache_prefix = served.pop()
+        plan.notes.append(f"cache_prefix '{plan.cache_prefix}' read from the servers' /server_info")
 
 
 def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
@@ -224,6 +264,19 @@ def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
                       + ", and that store is not a Mooncake master kvctl can clear")
         plan.hint = "upgrade vLLM (see: kvctl compat check), or clear that store out of band"
         return
+    scoped = plan.cache_prefix is not None and not plan.options.whole_master
+    wide = [r for r in planned if r.store_cleared_by_vllm and _reset_is_master_wide(r)]
+    if scoped:
+        for r in wide:  # vLLM's reset would remove every deployment's keys: local caches only
+            r.local_only = (f"{', '.join(n for n in r.layout or [] if n != 'MultiConnector')} on vLLM "
+                            f"{r.version} resets the store with a master-wide remove_all")
+            r.store_cleared_by_vllm = False
+            for op in r.ops:
+                if op.op == "prefix_cache" and "reset_external" in op.params:
+                    op.params["reset_external"] = False
+    elif wide and plan.cache_prefix is None:
+        plan.notes.append("vLLM's connector reset clears the WHOLE master (remove_all): every deployment "
+                          "sharing it loses its keys; give the fleet a cache_prefix to scope it")
     needs = [r for r in planned if r.store_cleared_by_vllm is False]
     if not needs:
         return
@@ -231,14 +284,38 @@ def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
     if plan.master is None:
         plan.error = f"the external store would not be cleared: {why}; and no Mooncake master is known"
         plan.hint = ("pass --master HOST:PORT (the master's admin/metrics port, e.g. 127.0.0.1:9003) so kvctl "
-                     "clears it directly, or upgrade vLLM to >= "
+                     "clears it directly" + (" (and --master-rpc HOST:PORT, its RPC port)" if scoped else "")
+                     + ", or upgrade vLLM to >= "
                      f"{t.connector('MooncakeStoreConnector').reset.since}")  # type: ignore[union-attr]
         return
-    plan.master_clear = True
-    plan.master_clear_reason = why
+    plan.master_clear, plan.master_clear_reason = True, why
+    plan.master_clear_scope = "scoped" if scoped else "whole"
+    if scoped:
+        _check_scoped_clear(plan)
+
+
+def _check_scoped_clear(plan: Plan) -> None:
+    """A scoped clear needs the master's RPC port and Mooncake's store client."""
+    from kvctl import store_client
+
+    if plan.master_rpc is None:
+        plan.error = (f"clearing only this deployment's keys ('{plan.cache_prefix}@...') needs the master's "
+                      "RPC port, and none is known")
+        plan.hint = ("pass --master-rpc HOST:PORT (or master_rpc: in the inventory), or --whole-master to "
+                     "clear every deployment's keys")
+    elif not store_client.available():
+        plan.error = "clearing only this deployment's keys needs Mooncake's store client, not installed here"
+        plan.hint = store_client.INSTALL_HINT + ", or pass --whole-master"
+
+
+def _reset_is_master_wide(r: ReplicaPlan) -> bool:
+    t = table()
+    return any(t.connector_reset_is_master_wide(r.version or "0", n) for n in (r.layout or []))
 
 
 def _why_master(r: ReplicaPlan) -> str:
+    if r.local_only:
+        return f"{r.name}: {r.local_only}"
     if r.layout is None:
         return f"{r.name}: its connector is unknown ({r.layout_source})"
     names = ", ".join(n for n in r.layout if n != "MultiConnector")
@@ -285,11 +362,16 @@ class ReplicaReceipt:
 class MasterReceipt:
     address: str
     clear: OpResult | None = None
-    removed_count: int | None = None
+    removed_count: int | None = None  # what the master said it removed (not proof: counted again)
     keys_after: int | None = None  # of this deployment (cache_prefix) when one is set
     cache_prefix: str | None = None
     verified: bool | None = None
     error: str | None = None
+    scope: str | None = None  # "scoped" (<cache_prefix>@ keys only) | "whole" (every key)
+    keys_before: int | None = None  # this deployment's (or, unscoped, all) keys before the clear
+    others_before: int | None = None  # keys of other deployments sharing the master
+    others_after: int | None = None
+    remaining: str | None = None  # why keys survived the clear's retries, when they did
 
 
 @dataclass
@@ -385,7 +467,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
         else:
             await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
             if master is not None and plan.master_clear:
-                await _clear_master(master, opts, http)
+                await _clear_master(master, plan, http)
             if master is not None and opts.verify:
                 await _count_master_keys(master, opts, http)
     finally:
@@ -496,19 +578,69 @@ async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: Rese
                     outcome.attempts, error, detail)
 
 
-async def _clear_master(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
+async def _clear_master(master: MasterReceipt, plan: Plan, http: HttpPool) -> None:
+    """Clear this deployment's keys (scoped) or every key (whole), count before and after, and
+    retry within clear_timeout what the clear skipped (puts in flight, replication tasks)."""
     from kvctl.mooncake_master import MasterAdmin, MasterError
 
+    opts, prefix = plan.options, key_prefix(plan.cache_prefix)
+    master.scope = plan.master_clear_scope
     started = time.perf_counter()
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
         try:
-            master.removed_count = await admin.remove_all(force=True)
-            master.clear = OpResult("master_clear", "ok", 200, round(time.perf_counter() - started, 6), 1,
-                                    detail="POST /api/v1/remove_all?force=true")
+            master.keys_before, master.others_before = _split(await admin.all_keys(), prefix)
+            removed, how = await _remove(admin, plan, prefix)
+            deadline = started + opts.clear_timeout
+            mine, others = _split(await admin.all_keys(), prefix)
+            while mine and master.scope and time.perf_counter() < deadline:
+                await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
+                removed += (await _remove(admin, plan, prefix))[0]
+                mine, others = _split(await admin.all_keys(), prefix)
         except MasterError as exc:
             master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1,
                                     error=exc.message)
             master.error = exc.message
+            return
+    master.removed_count, master.keys_after, master.others_after = removed, mine, others
+    if mine:
+        master.remaining = (f"{mine} key(s) survived {opts.clear_timeout:g}s of forced clears: Mooncake "
+                            "skips keys whose puts are still in flight or that have replication tasks")
+    master.clear = OpResult("master_clear", "ok" if not mine else "failed", 200,
+                            round(time.perf_counter() - started, 6), 1, error=master.remaining, detail=how)
+
+
+def _split(keys: list[str], prefix: str | None) -> tuple[int, int]:
+    """(this deployment's keys, the other keys); unscoped: (all keys, 0)."""
+    if prefix is None:
+        return len(keys), 0
+    mine = sum(1 for key in keys if key.startswith(prefix))
+    return mine, len(keys) - mine
+
+
+async def _remove(admin: Any, plan: Plan, prefix: str | None) -> tuple[int, str]:
+    """One clear: (what the master says it removed, how)."""
+    from kvctl import store_client
+    from kvctl.mooncake_master import MasterError, NoHttpRemoveAll
+
+    if plan.master_clear_scope == "scoped" and prefix is not None:
+        pattern = "^" + re.escape(prefix)
+        try:
+            done = await asyncio.to_thread(store_client.remove_matching, plan.master_rpc, pattern,
+                                           plan.options.clear_timeout + 30)
+        except store_client.StoreClientError as exc:
+            raise MasterError(exc.message, exc.hint) from None
+        return done.removed, f"remove_by_regex('{pattern}', force=True) via {plan.master_rpc}"
+    try:
+        return await admin.remove_all(force=True), "POST /api/v1/remove_all?force=true"
+    except NoHttpRemoveAll:
+        if plan.master_rpc is None or not store_client.available():
+            raise
+    try:  # an older master: the store client clears it through the RPC port
+        done = await asyncio.to_thread(store_client.remove_matching, plan.master_rpc, None,
+                                       plan.options.clear_timeout + 30)
+    except store_client.StoreClientError as exc:
+        raise MasterError(exc.message, exc.hint) from None
+    return done.removed, f"remove_all(force=True) via {plan.master_rpc} (no HTTP remove_all on this master)"
 
 
 async def _count_master_keys(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
@@ -516,23 +648,27 @@ async def _count_master_keys(master: MasterReceipt, opts: ResetOptions, http: Ht
 
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
         try:
-            master.keys_after = await admin.key_count(key_prefix(master.cache_prefix))
+            mine, others = _split(await admin.all_keys(), key_prefix(master.cache_prefix))
         except MasterError as exc:
             master.error = master.error or exc.message
             master.verified = False
             return
-    master.verified = master.keys_after == 0
+    master.keys_after = mine
+    if master.cache_prefix:
+        master.others_after = others
+    master.verified = mine == 0
     if not master.verified:
         scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"
-        master.error = master.error or (f"{master.keys_after} key(s) remain on the master {scope} after the reset"
+        master.error = master.error or (f"{mine} key(s) remain on the master {scope} after the reset"
                                         + ("" if opts.pausing else " (traffic during the reset writes new ones: use --pause)"))
 
 
 def key_prefix(cache_prefix: str | None) -> str | None:
-    """Master keys of a deployment start with `<cache_prefix>@` (vLLM's MooncakeStoreConnector)."""
+    """Master keys of a deployment start with `<cache_prefix>@` (vLLM's MooncakeStoreConnector:
+    f"{cache_prefix}@" in store/data.py), also when the prefix itself ends with '@'."""
     if not cache_prefix:
         return None
-    return cache_prefix if cache_prefix.endswith("@") else cache_prefix + "@"
+    return cache_prefix + "@"
 
 
 def _conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt | None, elapsed: float) -> Receipt:

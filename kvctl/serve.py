@@ -167,6 +167,9 @@ def _render(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_dir: P
     overrides = dict(spec.overrides)
     if "master" in template.parameters and "master" not in overrides and record.master is not None:
         overrides["master"] = record.master.rpc_address
+    if "cache_prefix" in template.parameters and "cache_prefix" not in overrides:
+        # Runs sharing a master are scoped by default: a reset of this run clears only its keys.
+        overrides["cache_prefix"] = record.name
     bundle_dir = run_dir / "config"
     bundle = render(template, overrides, install.version, f"{install.distribution} at {install.python}",
                     bundle_dir=bundle_dir)

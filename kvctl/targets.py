@@ -7,6 +7,7 @@ inventory's master).
 Inventory (YAML):
 
     master: 127.0.0.1:9003        # the master's admin/metrics HTTP port (not its RPC port)
+    master_rpc: 127.0.0.1:50051   # optional: its RPC port, for clearing only this deployment's keys
     cache_prefix: rl-run-7        # optional: this deployment's key prefix on the master
     replicas:
       - url: http://127.0.0.1:8000
@@ -47,6 +48,9 @@ class Fleet:
     master: str | None = None  # host:port of the master's admin/metrics HTTP port
     cache_prefix: str | None = None
     sources: list[str] = field(default_factory=list)
+    # host:port of the master's RPC port: Mooncake's store client removes one deployment's keys
+    # through it (the admin HTTP API can only clear everything)
+    master_rpc: str | None = None
 
 
 def normalize_url(url: str, where: str) -> str:
@@ -71,10 +75,16 @@ def normalize_url(url: str, where: str) -> str:
     return text.rstrip("/")
 
 
-def normalize_master(address: str, where: str) -> str:
+def normalize_master(address: str, where: str, port_kind: str = "admin") -> str:
+    """HOST:PORT of a master's admin/metrics HTTP port (or, port_kind="rpc", its RPC port)."""
+    example = ("the master's RPC port, e.g. 127.0.0.1:50051" if port_kind == "rpc"
+               else "the master's admin/metrics port, e.g. 127.0.0.1:9003")
     text = address.strip()
     if "://" in text:
-        parsed = _parse(text, address, where, "give the master's admin/metrics port, e.g. 127.0.0.1:9003")
+        if port_kind == "rpc":
+            raise UsageError(f"{where}: '{redact(address)}' is a URL; the RPC port takes HOST:PORT",
+                             f"give {example}")
+        parsed = _parse(text, address, where, f"give {example}")
         if parsed.scheme not in ("http", "https"):
             raise UsageError(f"{where}: '{redact(address)}' is not an http address of a Mooncake master",
                              "give HOST:PORT of its admin/metrics port, e.g. 127.0.0.1:9003")
@@ -83,8 +93,7 @@ def normalize_master(address: str, where: str) -> str:
     host, sep, port = text.rpartition(":")
     bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
     if not sep or not host or bare_ipv6 or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"{where}: '{redact(address)}' is not HOST:PORT",
-                         "give the master's admin/metrics port, e.g. 127.0.0.1:9003 or [::1]:9003")
+        raise UsageError(f"{where}: '{redact(address)}' is not HOST:PORT", f"give {example}")
     return text
 
 
@@ -121,24 +130,25 @@ def default_name(url: str) -> str:
 
 def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, master: str | None = None,
                 env: dict[str, str] | None = None, run: str | None = None,
-                state_dir: str | None = None) -> Fleet:
+                state_dir: str | None = None, master_rpc: str | None = None) -> Fleet:
     """Merge the target sources; UsageError when nothing is targeted or an entry is bad."""
     env = os.environ if env is None else env
     replicas: list[Replica] = []
     sources: list[str] = []
-    inv_master = cache_prefix = None
+    inv_master = cache_prefix = inv_rpc = None
     if run is not None:
         from kvctl import runs
 
         record = runs.load(run, state_dir)
         replicas += [Replica(r.url, r.name) for r in record.replicas]
         inv_master = record.master.admin_address if record.master else None
+        inv_rpc = record.master.rpc_address if record.master else None
         cache_prefix = record.cache_prefix
         sources.append(f"--run {run}")
     if inventory is not None:
         inv = load_inventory(inventory)
         replicas += inv.replicas
-        inv_master, cache_prefix = inv.master, inv.cache_prefix
+        inv_master, cache_prefix, inv_rpc = inv.master, inv.cache_prefix, inv.master_rpc
         sources.append(f"--inventory {inventory}")
     for i, url in enumerate(urls or []):
         u = normalize_url(url, f"--url #{i + 1}")
@@ -155,7 +165,8 @@ def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, ma
                          f"pass --run NAME, --url URL (repeatable), --inventory FILE or set {URLS_ENV}")
     _check_unique(replicas)
     final_master = normalize_master(master, "--master") if master else inv_master
-    return Fleet(replicas, final_master, cache_prefix, sources)
+    rpc = normalize_master(master_rpc, "--master-rpc", "rpc") if master_rpc else inv_rpc
+    return Fleet(replicas, final_master, cache_prefix, sources, rpc)
 
 
 def _check_unique(replicas: list[Replica]) -> None:
@@ -186,6 +197,7 @@ def load_inventory(path: Path) -> Fleet:
         model_config = ConfigDict(extra="forbid")
         replicas: list[_Replica]
         master: str | None = None
+        master_rpc: str | None = None
         cache_prefix: str | None = None
 
     try:
@@ -209,4 +221,5 @@ def load_inventory(path: Path) -> Fleet:
         url = normalize_url(r.url, f"--inventory {path}: replicas.{i}.url")
         replicas.append(Replica(url, r.name or default_name(url), r.api_key_env, r.connector))
     master = normalize_master(inv.master, f"--inventory {path}: master") if inv.master else None
-    return Fleet(replicas, master, inv.cache_prefix)
+    rpc = normalize_master(inv.master_rpc, f"--inventory {path}: master_rpc", "rpc") if inv.master_rpc else None
+    return Fleet(replicas, master, inv.cache_prefix, master_rpc=rpc)

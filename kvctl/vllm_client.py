@@ -236,12 +236,19 @@ class VllmClient(HttpClientBase):
 
 
 def pause_params(version: Version) -> dict[str, Any]:
-    """The version's way to say "wait for in-flight requests, keep the caches" (FACTS §2)."""
+    """The version's way to say "wait for in-flight requests, keep the caches".
+
+    clear_cache defaults to true in every release that takes it (vllm_facts.json), and from 0.23 a
+    clearing pause also resets the connector: a master-wide remove_all on a shared Mooncake
+    master. kvctl clears what it means to clear itself, so it always says clear_cache=false."""
+    params: dict[str, Any] = {}
     if table().has(version, "http.pause.mode"):
-        return {"mode": "wait"}
-    if table().has(version, "http.pause.legacy_params"):
-        return {"wait_for_inflight_requests": True, "clear_cache": False}
-    return {}
+        params["mode"] = "wait"
+    elif table().has(version, "http.pause.legacy_params"):
+        params["wait_for_inflight_requests"] = True
+    if table().has(version, "http.pause.clear_cache"):
+        params["clear_cache"] = False
+    return params
 
 
 def reset_answer_error(outcome: CallOutcome) -> str | None:

@@ -229,7 +229,19 @@ def test_pause_reset_resume_order_and_resume_on_failure(doubles: DoubleFleet) ->
     for replica in (fine, broken):
         assert posts(replica) == ["/pause", "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/resume"]
         assert replica.paused is False
-    assert fine.calls_to("/pause")[0].query == {"mode": "wait"}
+    # clear_cache defaults to true: kvctl's pause must never clear (from 0.23 that would reset the
+    # connector: a master-wide remove_all on a shared Mooncake master)
+    assert fine.calls_to("/pause")[0].query == {"mode": "wait", "clear_cache": "false"}
+
+
+@pytest.mark.parametrize("version", ["0.22.0", "0.23.0", "0.32.0+cpu"])
+def test_pausing_never_clears_the_store(doubles: DoubleFleet, version: str) -> None:
+    """A plain (local-only) reset with --pause leaves the external store alone in every release
+    whose /pause clears caches by default."""
+    store = SharedStore(["other@k1", "other@k2"])
+    replica = VllmDouble(version, store=store)
+    receipt = reset([doubles.add(replica)], pause=True)
+    assert receipt.exit_code == 0 and len(store) == 2
 
 
 def test_pause_params_for_015(doubles: DoubleFleet) -> None:

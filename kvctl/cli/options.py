@@ -39,6 +39,10 @@ MasterOpt = Annotated[
     Optional[str],
     typer.Option("--master", metavar="HOST:PORT", help="The Mooncake master's admin/metrics HTTP port (e.g. 127.0.0.1:9003)."),
 ]
+MasterRpcOpt = Annotated[
+    Optional[str],
+    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl[mooncake])."),
+]
 RunOpt = Annotated[
     Optional[str], typer.Option("--run", metavar="NAME", help="A fleet started by kvctl serve (see: kvctl status)."),
 ]

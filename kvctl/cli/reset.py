@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, RunOpt, StateDirOpt, UrlsOpt
+from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RunOpt, StateDirOpt, UrlsOpt
 from kvctl.errors import UsageError
 
 OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache", "mm cache"),
@@ -20,12 +20,15 @@ def reset(
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
     master: MasterOpt = None,
+    master_rpc: MasterRpcOpt = None,
     connector: Annotated[bool, typer.Option("--connector", help="Also clear the external (Mooncake) store: reset_external=true, and a forced master clear where the connector cannot.")] = False,
     no_mm: Annotated[bool, typer.Option("--no-mm", help="Skip /reset_mm_cache.")] = False,
     no_encoder: Annotated[bool, typer.Option("--no-encoder", help="Skip /reset_encoder_cache.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Prove it: master key count 0 and a canary prompt with no cache hit after the reset.")] = False,
     pause: Annotated[Optional[bool], typer.Option("--pause/--no-pause", help="Pause generation first (in-flight requests finish) and always resume after. Default: on with --connector (vLLM's store reset wants no new puts while it drains).", show_default=False)] = None,
     pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (it waits for in-flight requests); tried twice at most. When a pause fails, every replica that paused is resumed at once and nothing is reset.")] = 120.0,
+    whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
+    clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped (puts still in flight, replication tasks).")] = 15.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
@@ -40,12 +43,14 @@ def reset(
     from kvctl.reset import ResetOptions, hard_reset_fleet
     from kvctl.targets import build_fleet
 
-    if not (timeout > 0 and pause_timeout > 0) or retries < 0 or concurrency < 1:  # `not >` also refuses nan
-        raise UsageError("--timeout and --pause-timeout must be > 0, --retries >= 0 and --concurrency >= 1")
-    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir)
+    if not (timeout > 0 and pause_timeout > 0 and clear_timeout >= 0) or retries < 0 or concurrency < 1:
+        # `not >` also refuses nan
+        raise UsageError("--timeout and --pause-timeout must be > 0, --clear-timeout >= 0, --retries >= 0 "
+                         "and --concurrency >= 1")
+    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc)
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
                            pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
-                           pause_timeout=pause_timeout)
+                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout)
     import asyncio  # lazily: --help and other commands do not need it
 
     receipt = asyncio.run(hard_reset_fleet(fleet, options))
@@ -105,9 +110,17 @@ def _print_plan(plan: Any) -> None:
         table.add_row(escape(r.name), escape(r.version or "?"), escape(_layout(r.layout)), escape("\n".join(send)),
                       escape("\n".join(skipped)))
     output.show(table)
-    if plan.master_clear:
-        output.show(f"master {escape(plan.master)}: POST /api/v1/remove_all?force=true (master-wide), because "
+    for note in plan.notes:
+        output.show(f"[dim]note:[/] {escape(note)}")
+    if plan.master_clear and plan.master_clear_scope == "scoped":
+        output.show(f"master {escape(plan.master)}: remove only this deployment's keys "
+                    f"('{escape(plan.cache_prefix or '')}@...', forced) through its RPC port "
+                    f"{escape(plan.master_rpc or '')}; other deployments' keys are kept. Because "
                     f"{escape(plan.master_clear_reason or '')}")
+    elif plan.master_clear:
+        output.show(f"master {escape(plan.master)}: POST /api/v1/remove_all?force=true: EVERY key on the "
+                    "master, other deployments' too" + (" (--whole-master)" if plan.options.whole_master else "")
+                    + f". Because {escape(plan.master_clear_reason or '')}")
     elif plan.master:
         output.show(f"master {escape(plan.master)}: no clear needed (vLLM clears the store)")
 
@@ -132,10 +145,16 @@ def _print_results(receipt: Any) -> None:
     if m is not None and (m.clear or m.keys_after is not None):
         parts = []
         if m.clear:
-            parts.append(f"clear {_op_cell(m.clear)}" + (f", {m.removed_count} key(s) removed" if m.removed_count is not None else ""))
+            what = "scoped clear" if m.scope == "scoped" else "whole-master clear"
+            parts.append(f"{what} {_op_cell(m.clear)}" + (f", master said {m.removed_count} removed"
+                                                         if m.removed_count is not None else ""))
         if m.keys_after is not None:
-            scope = f" under '{escape(m.cache_prefix)}'" if m.cache_prefix else ""
-            parts.append(f"keys after{scope}: {m.keys_after}")
+            scope = f"this deployment's ('{escape(m.cache_prefix)}@') " if m.cache_prefix else ""
+            before = f"{m.keys_before} -> " if m.keys_before is not None else ""
+            parts.append(f"{scope}keys {before}{m.keys_after}")
+        if m.others_before is not None or m.others_after is not None:
+            parts.append(f"other deployments' keys {m.others_before if m.others_before is not None else '?'} -> "
+                         f"{m.others_after if m.others_after is not None else '?'}")
         output.show(f"master {escape(m.address)}: " + "; ".join(parts))
     for r in receipt.replicas:
         if r.error:

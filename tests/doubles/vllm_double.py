@@ -32,7 +32,7 @@ Cache model (kept deliberately close to vLLM's prefix caching)
 * Leading blocks found in ``local_blocks`` are local hits; the blocks right after them found in
   the :class:`SharedStore` (only with a store-backed connector whose ``kv_role`` loads) are
   external hits. Then every full block is kept locally and, with a store-backed connector whose
-  ``kv_role`` saves, written to the store under ``(cache_prefix or "") + block_hash``.
+  ``kv_role`` saves, written to the store under ``cache_prefix + "@" + block_hash`` (or the bare hash).
 * Counters follow vLLM's scheduler: ``prefix_cache_queries += n``, ``prefix_cache_hits +=
   local hit tokens``; with a connector configured ``external_prefix_cache_queries += n - local
   hit tokens`` (skipped when 0) and ``external_prefix_cache_hits += external hit tokens``;
@@ -228,8 +228,8 @@ class Faults:
 class SharedStore:
     """The Mooncake store shared by replicas: a set of block keys (thread-safe).
 
-    Keys are block-hash strings, prefixed with the writing connector's ``cache_prefix`` when it
-    has one. ``lease()`` marks keys as under a read lease: a non-forced ``remove_all`` keeps them
+    Keys are block-hash strings, prefixed with the writing connector's ``cache_prefix`` and "@"
+    when it has one (as vLLM writes them). ``lease()`` marks keys as under a read lease: a non-forced ``remove_all`` keeps them
     (what the real master does), a forced one removes them.
     """
 
@@ -672,7 +672,8 @@ class VllmDouble(_DoubleServer):
         return hashes
 
     def store_key(self, block_hash: str) -> str:
-        return f"{self.cache_prefix or ''}{block_hash}"
+        # vLLM's MooncakeStoreConnector (store/data.py): f"{cache_prefix}@" before the hash
+        return f"{self.cache_prefix}@{block_hash}" if self.cache_prefix else block_hash
 
     def prompt_keys(self, prompt: str | list[int]) -> list[str]:
         """The store keys this replica would write for ``prompt`` (for seeding/asserting)."""

@@ -67,5 +67,39 @@ def test_dry_run_then_json_receipt_names_the_plan(stack: Stack) -> None:
     data = receipt(proc)
     assert data["dry_run"] is True
     plan = data["plan"]
-    assert plan["master_clear"] is False  # vLLM 0.32 clears the store itself
-    assert all(r["layout"] == ["MooncakeStoreConnector"] for r in plan["replicas"])
+    # kvctl serve scopes each run (cache_prefix = run name); vLLM 0.32's own connector reset is a
+    # master-wide remove_all, so kvctl resets the local caches and clears the run's keys itself
+    assert plan["cache_prefix"] == stack.name and plan["master_clear_scope"] == "scoped"
+    assert plan["master_clear"] is True and plan["master_rpc"] == stack.rpc
+    for r in plan["replicas"]:
+        assert r["layout"] == ["MooncakeStoreConnector"] and r["cache_prefix"] == stack.name
+        prefix_op = next(o for o in r["ops"] if o["op"] == "prefix_cache")
+        assert prefix_op["params"]["reset_external"] is False and "master-wide" in r["local_only"]
+
+
+def test_scoped_reset_keeps_another_deployments_keys(stack: Stack) -> None:
+    """Another deployment (a real store client writing svc-b@ keys) shares the run's master: a
+    reset of the run loses none of them, and the replicas stay consistent after a clear done
+    outside vLLM (requests succeed, canaries verify, the stale prompt is recomputed)."""
+    from ..integration.helpers import StoreWriter
+
+    a, b = stack.urls
+    probe(a, stack.model)
+    wait_for_keys(stack.admin)
+    other = StoreWriter(stack.rpc)
+    try:
+        other.put(20, "svc-b@")
+        proc = kvctl("reset", "--run", stack.name, "--connector", "--verify", "--json", state=stack.state,
+                     check=False)
+        data = receipt(proc)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        m = data["master"]
+        assert m["scope"] == "scoped" and m["keys_before"] > 0 and m["keys_after"] == 0
+        assert (m["others_before"], m["others_after"]) == (20, 20)
+        assert sum(k.startswith("svc-b@") for k in master_keys(stack.admin)) == 20
+        assert all(r["reset"] and r["canary"]["cached_tokens"] == 0 for r in data["replicas"])
+        for url in (a, b):  # no request fails on a key the connector still believed in
+            assert probe(url, stack.model).status == 200
+        assert other.proc.poll() is None
+    finally:
+        other.kill()

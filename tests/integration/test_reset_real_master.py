@@ -43,20 +43,96 @@ def test_reset_forces_the_clear_of_leased_keys(empty_master: MasterProcess, writ
     assert writer.proc.poll() is None  # the client was alive throughout
 
 
-def test_verify_checks_the_deployment_prefix(empty_master: MasterProcess, writer: StoreWriter,
-                                                  replicas: list[str], tmp_path, cli) -> None:
-    address = empty_master.admin_address
-    writer.put(5, "mine/")
+def _inventory(tmp_path, master: MasterProcess, urls: list[str], cache_prefix: str | None = "rl-a",
+               rpc: bool = True) -> str:
     inv = tmp_path / "fleet.yaml"
-    inv.write_text(f"master: {address}\ncache_prefix: mine/\nreplicas:\n"
-                   + "".join(f"  - url: {u}\n" for u in replicas))
-    result = cli("reset", "--inventory", str(inv), "--connector", "--verify", "--json")
+    inv.write_text(f"master: {master.admin_address}\n" + (f"master_rpc: {master.rpc_address}\n" if rpc else "")
+                   + (f"cache_prefix: {cache_prefix}\n" if cache_prefix else "") + "replicas:\n"
+                   + "".join(f"  - url: {u}\n" for u in urls))
+    return str(inv)
+
+
+def _keys(master: MasterProcess, prefix: str) -> int:
+    return admin_call(master.admin_address, "key_count", prefix)
+
+
+@pytest.mark.parametrize("version", ["0.22.0", "0.32.0"])
+def test_scoped_reset_leaves_other_deployments_keys(empty_master: MasterProcess, writer: StoreWriter,
+                                                    tmp_path, cli, version: str) -> None:
+    """Two deployments share one real master; resetting rl-a loses 0 of svc-b's keys. On 0.22 vLLM's
+    connector reset clears nothing; on 0.32 it is a master-wide remove_all, so kvctl must not send
+    reset_external=true there and clears rl-a's keys itself."""
+    writer.put(20, "rl-a@")
+    writer.put(20, "svc-b@")
+    with DoubleFleet() as fleet:
+        doubles = [VllmDouble(version, cache_prefix="rl-a") for _ in range(2)]
+        urls = [fleet.add(d) for d in doubles]
+        result = cli("reset", "--inventory", _inventory(tmp_path, empty_master, urls), "--connector",
+                     "--verify", "--json")
+        sent = [c.query for d in doubles for c in d.calls if c.path == "/reset_prefix_cache"]
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    m = data["master"]
+    assert m["scope"] == "scoped" and m["cache_prefix"] == "rl-a"
+    assert (m["keys_before"], m["keys_after"]) == (20, 0)
+    assert (m["others_before"], m["others_after"]) == (20, 20)
+    assert _keys(empty_master, "svc-b@") == 20 and _keys(empty_master, "rl-a@") == 0
+    if version == "0.32.0":  # never vLLM's master-wide reset (on 0.22 it clears nothing either way)
+        assert sent and all(p.get("reset_external") == "false" for p in sent), sent
+    assert writer.proc.poll() is None
+
+
+def test_whole_master_is_explicit_and_clears_everyone(empty_master: MasterProcess, writer: StoreWriter,
+                                                       tmp_path, cli) -> None:
+    writer.put(5, "rl-a@")
+    writer.put(5, "svc-b@")
+    with DoubleFleet() as fleet:
+        urls = [fleet.add(VllmDouble("0.22.0", cache_prefix="rl-a"))]
+        inv = _inventory(tmp_path, empty_master, urls)
+        plan = cli("reset", "--inventory", inv, "--connector", "--whole-master", "--dry-run")
+        assert "EVERY key on the master" in plan.stdout and "--whole-master" in plan.stdout
+        result = cli("reset", "--inventory", inv, "--connector", "--whole-master", "--json")
     data = json.loads(result.stdout)
     assert result.exit_code == 0, result.stdout
-    assert data["master"]["removed_count"] == 5
-    assert data["master"]["cache_prefix"] == "mine/" and data["master"]["keys_after"] == 0
-    assert data["master"]["verified"] is True
-    assert all(r["canary"]["ok"] for r in data["replicas"])
+    assert data["master"]["scope"] == "whole" and admin_call(empty_master.admin_address, "key_count") == 0
+
+
+def test_scoped_fleet_without_the_rpc_port_fails_before_sending(empty_master: MasterProcess,
+                                                                writer: StoreWriter, tmp_path, cli) -> None:
+    writer.put(3, "svc-b@")
+    with DoubleFleet() as fleet:
+        double = VllmDouble("0.32.0", cache_prefix="rl-a")
+        urls = [fleet.add(double)]
+        result = cli("reset", "--inventory", _inventory(tmp_path, empty_master, urls, rpc=False),
+                     "--connector", "--json")
+        resets = [c for c in double.calls if c.path.startswith("/reset")]
+    data = json.loads(result.stdout)
+    assert result.exit_code == 1 and "needs the master's RPC port" in data["plan"]["error"]
+    assert "--master-rpc" in data["plan"]["hint"] and not resets
+    assert _keys(empty_master, "svc-b@") == 3
+
+
+def test_inventory_prefix_must_match_the_servers(empty_master: MasterProcess, tmp_path, cli) -> None:
+    with DoubleFleet() as fleet:
+        urls = [fleet.add(VllmDouble("0.32.0", cache_prefix="svc-b"))]
+        result = cli("reset", "--inventory", _inventory(tmp_path, empty_master, urls, "rl-a"),
+                     "--connector", "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 1 and "run with another: " in data["plan"]["error"]
+
+
+def test_prefix_is_learned_from_the_servers(empty_master: MasterProcess, writer: StoreWriter,
+                                            tmp_path, cli) -> None:
+    writer.put(4, "rl-a@")
+    writer.put(4, "svc-b@")
+    with DoubleFleet() as fleet:
+        urls = [fleet.add(VllmDouble("0.22.0", cache_prefix="rl-a"))]
+        result = cli("reset", "--inventory", _inventory(tmp_path, empty_master, urls, None),
+                     "--connector", "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0, result.stdout
+    assert data["plan"]["cache_prefix"] == "rl-a" and data["master"]["scope"] == "scoped"
+    assert _keys(empty_master, "svc-b@") == 4 and _keys(empty_master, "rl-a@") == 0
 
 
 def test_unreachable_master_fails_the_reset_clearly(replicas: list[str], cli) -> None:

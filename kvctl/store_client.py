@@ -1,0 +1,121 @@
+"""Scoped removal on a Mooncake master through Mooncake's own store client, in a child process.
+
+The master's HTTP admin API can only clear everything (`POST /api/v1/remove_all`, from Mooncake
+0.3.12.post1); removing one deployment's keys (`^<cache_prefix>@`) or clearing an older master
+needs the store client's `remove_by_regex` / `remove_all`, which talks to the master's RPC port.
+kvctl never imports mooncake itself (the CLI stays light, and a client that hangs in setup must not
+hang kvctl): `python -m kvctl.store_client` runs it and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from kvctl.errors import KvctlError
+
+INSTALL_HINT = "install Mooncake's store client next to kvctl: pip install 'kvctl[mooncake]'"
+# A pure client: no memory contributed to the store, a small transfer buffer.
+_BUFFER_BYTES = 1 << 20
+
+
+class StoreClientError(KvctlError):
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Removal:
+    removed: int
+    seconds: float
+
+
+def available() -> bool:
+    """Is Mooncake's Python store client importable here (without importing it)?"""
+    try:
+        return importlib.util.find_spec("mooncake.store") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def remove_matching(rpc_address: str, pattern: str | None, timeout: float) -> Removal:
+    """Remove every key matching `pattern` (a regex; None: every key), forced (leases and
+    replication tasks are skipped, as kvctl's HTTP clear does). StoreClientError when it fails."""
+    command = [sys.executable, "-m", "kvctl.store_client", "--master", rpc_address, "--force"]
+    if pattern is not None:
+        command += ["--regex", pattern]
+    env = {**os.environ, "MC_LOG_LEVEL": os.environ.get("MC_LOG_LEVEL", "ERROR"),
+           # setup() against a dead master retries for ~90 s: once is enough, the caller retries
+           "MC_STORE_CLIENT_SETUP_RETRIES": os.environ.get("MC_STORE_CLIENT_SETUP_RETRIES", "1")}
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                             check=False)
+    except subprocess.TimeoutExpired:
+        raise StoreClientError(f"Mooncake's store client did not finish within {timeout:g}s "
+                               f"against the master at {rpc_address}",
+                               "check that the address is the master's RPC port (not its admin "
+                               "port) and that the master is up") from None
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    try:
+        answer = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        answer = {}
+    if run.returncode != 0 or "removed" not in answer:
+        detail = answer.get("error") or (run.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StoreClientError(f"Mooncake's store client could not clear the master at "
+                               f"{rpc_address}: {detail}", answer.get("hint") or INSTALL_HINT)
+    return Removal(int(answer["removed"]), float(answer.get("seconds", 0.0)))
+
+
+def _local_hostname(master_host: str) -> str:
+    """The address this host uses toward the master (loopback for a loopback master)."""
+    if master_host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((master_host, 9))  # no packet is sent: the kernel picks the route
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvctl.store_client")
+    parser.add_argument("--master", required=True, help="the master's RPC address, host:port")
+    parser.add_argument("--regex", help="remove keys matching this regex (default: every key)")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    import time
+
+    started = time.perf_counter()
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as exc:
+        print(json.dumps({"error": f"cannot import mooncake.store: {exc}", "hint": INSTALL_HINT}))
+        return 1
+    client = MooncakeDistributedStore()
+    host = args.master.rpartition(":")[0].strip("[]")
+    code = client.setup(_local_hostname(host), "P2PHANDSHAKE", 0, _BUFFER_BYTES, "tcp", "", args.master)
+    if code != 0:
+        print(json.dumps({"error": f"setup against {args.master} returned {code}",
+                          "hint": "check the master's RPC address and that it is up"}))
+        return 1
+    try:
+        removed = (client.remove_by_regex(args.regex, args.force) if args.regex is not None
+                   else client.remove_all(args.force))
+    finally:
+        client.close()
+    if removed < 0:
+        print(json.dumps({"error": f"the master answered error code {removed}"}))
+        return 1
+    print(json.dumps({"removed": removed, "seconds": round(time.perf_counter() - started, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -279,9 +279,10 @@ def _span(row: dict[str, Any]) -> Span:
     return Span(_str(row.get("since")), _str(row.get("until")))
 
 
-def _interval_at(rows: list[dict[str, Any]], v: Version) -> dict[str, Any] | None:
-    """The row of a generated [since, until) interval list that holds at release `v`."""
-    release = Version(".".join(map(str, v.release)))
+def _interval_at(rows: list[dict[str, Any]], v: Version, exact: bool = False) -> dict[str, Any] | None:
+    """The row of a generated [since, until) interval list that holds at release `v` (vLLM: by
+    its release numbers, so 0.32.0+cpu is 0.32.0; exact: post releases count, as Mooncake's do)."""
+    release = v if exact else Version(".".join(map(str, v.release)))
     for row in rows:
         if release >= _version(row["since"]) and (row.get("until") is None or release < _version(row["until"])):
             return row
@@ -340,6 +341,32 @@ def _source(rows: list[dict[str, Any]]) -> str:
         return "not in any release's source"
     first = min(rows, key=lambda r: _version(r["since"]))
     return f"{first.get('file', '?')}:{first.get('line', '?')} ({first['since']})"
+
+
+# -- Mooncake master (kvctl/data/mooncake_facts.json, from Mooncake's release tags) -------------
+@lru_cache(maxsize=1)
+def mooncake_facts() -> dict[str, Any]:
+    import json
+
+    return json.loads(_read("mooncake_facts.json"))
+
+
+def mooncake_release(version: str | Version) -> Version:
+    """The release whose facts describe `version`: itself, or the newest known for a newer one."""
+    v = Version(str(version)) if not isinstance(version, Version) else version
+    newest = Version(mooncake_facts()["releases"][-1])
+    return min(v, newest)
+
+
+def mooncake_has(version: str | Version, kind: str, name: str) -> bool:
+    """Does mooncake_master `version` have flag / route `name` (kind "flags" or "routes")?"""
+    rows = mooncake_facts()[kind].get(name, {}).get("spans", [])
+    return _interval_at(rows, mooncake_release(version), exact=True) is not None
+
+
+def mooncake_since(kind: str, name: str) -> str | None:
+    rows = mooncake_facts()[kind].get(name, {}).get("spans", [])
+    return min((r["since"] for r in rows), key=Version, default=None)
 
 
 def _read(name: str) -> str:

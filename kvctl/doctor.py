@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -281,11 +282,47 @@ def check_mooncake_master() -> Check:
     output = (proc.stdout + proc.stderr).strip()
     first = output.splitlines()[0] if output else ""
     if proc.returncode == 0:
-        return Check("mooncake_master", "ok", f"{exe}: {first or 'runs'}")
+        return _master_capabilities(exe, first)
     missing = [lib for lib in SYSTEM_LIBRARIES if lib in output]
     fix = (f"apt-get install -y {' '.join(SYSTEM_LIBRARIES[lib] for lib in missing)}" if missing
            else "read the error above; " + INSTALL_HINT)
     return Check("mooncake_master", "fail", f"{exe} --version exited {proc.returncode}: {output[-400:]}", fix)
+
+
+_MASTER_VERSION = re.compile(r"version\s+v?(\d+(?:\.\d+)+(?:\.post\d+)?)")
+
+
+def _master_capabilities(exe: str, banner: str) -> Check:
+    """What this mooncake_master can do for kvctl, from Mooncake's sources per release
+    (kvctl/data/mooncake_facts.json)."""
+    from packaging.version import Version
+
+    from kvctl.capabilities import mooncake_facts, mooncake_has, mooncake_since
+    from kvctl.mooncake_master import KVCTL_MASTER_FLAGS
+
+    match = _MASTER_VERSION.search(banner)
+    if match is None:
+        return Check("mooncake_master", "warn", f"{exe}: {banner or 'runs'}; its version is not in "
+                     "that line, so its capabilities are unknown", "upgrade mooncake_master")
+    version = match.group(1)
+    newest = mooncake_facts()["releases"][-1]
+    caps = [f"HTTP remove_all {'yes' if mooncake_has(version, 'routes', '/api/v1/remove_all') else 'no'}",
+            f"HA routes {'yes' if mooncake_has(version, 'routes', '/role') else 'no'}"]
+    newer = Version(version) > Version(newest)
+    detail = (f"{exe}: {version} ({', '.join(caps)}"
+              + (f"; newer than the newest release kvctl's facts cover, {newest})" if newer else ")"))
+    missing = [f for f in KVCTL_MASTER_FLAGS if not newer and not mooncake_has(version, "flags", f)]
+    if missing:
+        known = [Version(s) for f in missing if (s := mooncake_since("flags", f))]
+        need = (f">= {max(known)}" if len(known) == len(missing) else f"newer than {newest}")
+        return Check("mooncake_master", "fail", f"{detail}; it has no --{', --'.join(missing)}, which "
+                     "kvctl passes when it starts a master", f"upgrade mooncake_master ({need}): "
+                     "pip install 'kvctl[mooncake]'")
+    if not mooncake_has(version, "routes", "/api/v1/remove_all"):
+        return Check("mooncake_master", "warn", detail, "kvctl clears this master through Mooncake's store "
+                     "client: give reset --master-rpc HOST:PORT (or upgrade to >= "
+                     f"{mooncake_since('routes', '/api/v1/remove_all')})")
+    return Check("mooncake_master", "ok", detail)
 
 
 def check_system_libraries() -> Check:

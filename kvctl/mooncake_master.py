@@ -265,6 +265,11 @@ def _process_start_time(pid: int) -> float | None:
         return None
 
 
+# The Mooncake flags MasterProcess passes (kvctl doctor checks them against the installed master's
+# release in kvctl/data/mooncake_facts.json; --logtostderr is glog's, not Mooncake's).
+KVCTL_MASTER_FLAGS = ("rpc_address", "rpc_port", "metrics_host", "metrics_port")
+
+
 class MasterProcess:
     """A `mooncake_master` this process starts and stops.
 
@@ -329,6 +334,7 @@ class MasterProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
+        """The master's command line (every flag named in KVCTL_MASTER_FLAGS)."""
         executable = self.executable or find_master_executable()
         args = [executable,
                 f"--rpc_address={self.host}", f"--rpc_port={self._require(self.rpc_port)}",

@@ -597,9 +597,10 @@ async def _clear_master(master: MasterReceipt, plan: Plan, http: HttpPool) -> No
                 removed += (await _remove(admin, plan, prefix))[0]
                 mine, others = _split(await admin.all_keys(), prefix)
         except MasterError as exc:
+            said = exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
             master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1,
-                                    error=exc.message)
-            master.error = exc.message
+                                    error=said)
+            master.error = said
             return
     master.removed_count, master.keys_after, master.others_after = removed, mine, others
     if mine:

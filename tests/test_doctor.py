@@ -63,7 +63,7 @@ def test_this_machine_has_no_vllm(cli) -> None:
     assert "no vLLM installed" in checks["vllm"]["detail"] and "--vllm-python" in checks["vllm"]["fix"]
     assert "vllm reset" not in checks and "vllm script" not in checks  # nothing to ask without a vLLM
     assert checks["mooncake_master"]["status"] == "ok"
-    assert "mooncake_master version" in checks["mooncake_master"]["detail"]
+    assert "HTTP remove_all yes" in checks["mooncake_master"]["detail"]
     assert checks["mooncake package"]["status"] == "ok"
     assert "mooncake-transfer-engine" in checks["mooncake package"]["detail"]
     assert checks["loopback"]["status"] == "ok"
@@ -195,3 +195,17 @@ def test_a_crashing_check_is_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(doctor, "check_loopback", boom)
     check = by_name(run_checks(env={}))["loopback"]
     assert check["status"] == "fail" and "RuntimeError: bug" in check["detail"]
+
+
+@pytest.mark.parametrize(("banner", "status", "words"), [
+    ("mooncake_master version 0.3.13.post1 (git: 7197358)", "ok", "HTTP remove_all yes, HA routes yes"),
+    # 0.3.12.post1 has the HTTP remove_all but not --metrics_host, which kvctl passes
+    ("mooncake_master version 0.3.12.post1 (git: x)", "fail", "no --metrics_host"),
+    ("mooncake_master version 0.3.9 (git: x)", "fail", "HTTP remove_all no, HA routes no"),
+    ("mooncake_master built somehow", "warn", "version is not in that line"),
+])
+def test_master_capabilities_come_from_mooncake_facts(banner: str, status: str, words: str) -> None:
+    from kvctl.doctor import _master_capabilities
+
+    check = _master_capabilities("/x/mooncake_master", banner)
+    assert check.status == status and words in check.detail, check

@@ -63,6 +63,7 @@ __all__ = [
     "DoubleFleet",
     "Faults",
     "MasterDouble",
+    "OldMasterFront",
     "SharedStore",
     "VllmDouble",
     "parse_version",
@@ -1240,6 +1241,30 @@ class MasterDouble(_DoubleServer):
 # --------------------------------------------------------------------------------------------
 # The fleet: one loop thread, one port per server
 # --------------------------------------------------------------------------------------------
+class OldMasterFront(_DoubleServer):
+    """TEST DOUBLE of a ``mooncake_master`` older than 0.3.12.post1, which has no HTTP
+    ``remove_all`` (``POST /api/v1/remove_all`` -> 404 ``404 Not Found``, as any unknown route),
+    standing in front of a REAL master: every other admin request is forwarded to it, so the keys
+    and counts are the real master's. (No old mooncake_master can be installed here.)"""
+
+    kind = "master"
+
+    def __init__(self, real_admin: str, *, name: str | None = None) -> None:
+        super().__init__(None, name)
+        self.real_admin = real_admin
+
+    async def _route(self, request: web.Request, call: Call) -> web.StreamResponse:
+        if request.path == "/api/v1/remove_all":
+            return web.Response(status=404, body=b"404 Not Found")
+        import aiohttp
+
+        url = f"http://{self.real_admin}{request.path_qs}"
+        async with aiohttp.ClientSession(trust_env=False) as session, \
+                session.request(request.method, url, data=await request.read()) as answer:
+            return web.Response(status=answer.status, body=await answer.read(),
+                                content_type=answer.content_type)
+
+
 class DoubleFleet:
     """Runs test doubles on ``127.0.0.1`` (one port each) in one background asyncio thread.
 

@@ -56,6 +56,32 @@ class NoHttpRemoveAll(MasterError):
     """The master predates the HTTP remove_all (Mooncake 0.3.12.post1): 404."""
 
 
+class NotLeader(MasterError):
+    """HTTP 503 from a data route: in HA mode a standby (or a leader still warming up, or one that
+    just lost its lease) refuses with error_code -1011 "service plane is not active"."""
+
+
+@dataclass(frozen=True)
+class HaInfo:
+    """What one master says about leadership (GET /health; GET /role where /health has no role).
+
+    Seen on mooncake_master 0.3.13.post1 with --enable_ha and an etcd backend:
+    leader  {"status":"ok","role":"leader","ha_state":"serving","service_ready":true,
+             "leader_address":"127.0.0.1:50051","view_version":2}   (ha_state "leader_warmup" and
+             service_ready false for ~5 s after it wins the election)
+    standby {"status":"ok","role":"standby","ha_state":"standby","service_ready":false,
+             "leader_address":"127.0.0.1:50051","view_version":2}
+    Without HA the same master says role "leader", leader_address and view_version null.
+    leader_address is the leader's RPC address (its --rpc_address:--rpc_port), as clients see it.
+    """
+
+    role: str | None  # "leader" | "standby" | ...; None: this master has no HA routes
+    ha_state: str | None = None
+    service_ready: bool | None = None
+    leader_rpc: str | None = None
+    view_version: int | None = None
+
+
 @dataclass(frozen=True)
 class MasterMetrics:
     """The few master gauges and counters kvctl reads (from `GET /metrics`).
@@ -136,6 +162,10 @@ class MasterAdmin(HttpClientBase):
 
     def _check_status(self, response: HttpResponse, method: str, path: str,
                       hint: str | None = _ADMIN_HINT) -> None:
+        if response.status == 503 and path != "/health":
+            raise NotLeader(f"Mooncake master at {self.base_url}: {method} {path}: HTTP 503: "
+                            f"{response.text[:200]!r} (not the serving leader)",
+                            "give every master of the HA group (--master A,B) so kvctl finds the leader")
         if response.status != 200:
             raise self._error(f"{method} {path}: HTTP {response.status}: "
                               f"{response.text[:200]!r}", hint)
@@ -159,6 +189,47 @@ class MasterAdmin(HttpClientBase):
             raise self._error(f"GET /health: not ready: {payload!r}",
                               "wait for the master to finish starting (or, with HA, point at the leader)")
         return payload
+
+    async def ha_info(self) -> HaInfo:
+        """Who leads, as this master sees it (never raises for a standby or a warming leader)."""
+        response = await self._request("GET", "/health")
+        payload: Any = None
+        try:
+            payload = response.json()
+        except ValueError:
+            pass  # older masters answer /health with plain text
+        if not isinstance(payload, dict):
+            if response.status != 200:
+                self._check_status(response, "GET", "/health")
+            payload = {}
+        role = payload.get("role")
+        if not isinstance(role, str):  # a master between /role (0.3.10.post2) and a JSON /health
+            role = await self._role_route()
+        leader = payload.get("leader_address")
+        version = payload.get("view_version")
+        ready = payload.get("service_ready")
+        state = payload.get("ha_state")
+        return HaInfo(role, state if isinstance(state, str) else None,
+                      ready if isinstance(ready, bool) else None,
+                      leader if isinstance(leader, str) and leader else None,
+                      version if isinstance(version, int) and not isinstance(version, bool) else None)
+
+    async def _role_route(self) -> str | None:
+        response = await self._request("GET", "/role")
+        if response.status == 404:
+            return None  # Mooncake < 0.3.10.post2: no HA routes
+        self._check_status(response, "GET", "/role")
+        return response.text.strip() or None
+
+    async def leader_rpc(self) -> str | None:
+        """GET /leader -> the leader's RPC address from the HA backend's view (None: no view)."""
+        response = await self._request("GET", "/leader")
+        if response.status == 404:
+            return None
+        self._check_status(response, "GET", "/leader")
+        payload = self._json(response, "GET", "/leader")
+        address = payload.get("leader_address") if isinstance(payload, dict) else None
+        return address if isinstance(address, str) and address and payload.get("present") is not False else None
 
     async def metrics(self) -> MasterMetrics:
         """GET /metrics, parsed with prometheus_client."""
@@ -436,14 +507,16 @@ class MasterProcess:
                          "read the log above: a bad flag or missing libraries (" + INSTALL_HINT + ")"))
                 try:
                     response = client.get(url)
-                    healthy = response.status_code == 200 and response.json().get("status") == "ok"
+                    health = response.json()
+                    healthy = response.status_code == 200 and health.get("status") == "ok"
                 except (httpx.HTTPError, ValueError, AttributeError):
-                    healthy = False
+                    healthy, health = False, {}
                 if healthy:
                     # /health can answer while the RPC server is still binding (and failing):
-                    # ready only once the RPC port is ours too.
+                    # ready only once the RPC port is ours too. An HA standby binds no RPC port
+                    # until it leads (seen on 0.3.13.post1): its /health role says so.
                     ports = _listening_ports(self._proc.pid)
-                    if ports is None or self.rpc_port in ports:
+                    if ports is None or self.rpc_port in ports or health.get("role") == "standby":
                         self.ready_seconds = time.monotonic() - began
                         return
                 if time.monotonic() >= deadline:

@@ -27,6 +27,7 @@ from packaging.version import Version
 from kvctl.capabilities import table
 from kvctl.compat import cache_prefix_of, layout_of
 from kvctl.http_base import HttpPool, shared_pool
+from kvctl.master_select import MasterChoice, MasterNode
 from kvctl.targets import Fleet, Replica
 from kvctl.vllm_client import PAUSE_TIMEOUT, CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
 
@@ -98,6 +99,13 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # the whole plan failed: nothing will be sent
     hint: str | None = None
+    # An HA group (or a lone master): every admin address given, what each said about leadership
+    # at plan time, and where the chosen one's RPC address came from. `master` is the chosen one.
+    master_group: list[str] = field(default_factory=list)
+    master_rpc_group: list[str] = field(default_factory=list)
+    master_nodes: list[MasterNode] = field(default_factory=list)
+    master_rpc_source: str | None = None
+    master_ha: bool = False  # a master reported an HA view: re-check the leader before clearing
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -115,9 +123,40 @@ async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None 
                 return await _plan_replica(replica, options, shared)
 
         replicas = await asyncio.gather(*(one(r) for r in fleet.replicas))
-    plan = Plan(options, list(replicas), fleet.master, fleet.cache_prefix, master_rpc=fleet.master_rpc)
+        plan = Plan(options, list(replicas), fleet.master, fleet.cache_prefix, master_rpc=fleet.master_rpc,
+                    master_group=list(fleet.master_group), master_rpc_group=list(fleet.rpc_group))
+        choice = await _plan_leader(plan, shared) if plan.master_group else None
     _plan_master(plan)
+    if choice is not None and choice.error and _uses_master(plan):  # the first thing to fix: said first
+        plan.error = f"no Mooncake master to use: {choice.error}" + (f"; also: {plan.error}" if plan.error else "")
+        plan.hint = choice.hint
     return plan
+
+
+async def _plan_leader(plan: Plan, http: HttpPool) -> MasterChoice:
+    """Ask every master given who leads; the plan then names the one it will use (and its RPC
+    address), never a standby."""
+    from kvctl.master_select import choose
+
+    choice = await choose(tuple(plan.master_group), tuple(plan.master_rpc_group), plan.options.timeout, http)
+    plan.master_nodes, plan.master_ha = choice.nodes, choice.ha
+    if choice.address is not None:
+        plan.master, plan.master_rpc, plan.master_rpc_source = choice.address, choice.rpc, choice.rpc_source
+        if len(plan.master_group) > 1 or choice.ha:
+            plan.notes.append(f"Mooncake master {choice.address} leads; RPC "
+                              f"{choice.rpc or 'unknown'}" + (f" ({choice.rpc_source})" if choice.rpc_source else ""))
+    elif not plan.options.connector and not plan.options.verify:
+        plan.notes.append(f"no Mooncake master leads ({choice.roles()}); not needed for this reset")
+    return choice
+
+
+def _uses_master(plan: Plan) -> bool:
+    return plan.master_clear or (plan.options.verify and plan.master is not None)
+
+
+def _ha_group(plan: Plan) -> bool:
+    """An HA group (or a master in HA mode): leadership can move between plan and execute."""
+    return len(plan.master_group) > 1 or plan.master_ha
 
 
 async def _plan_replica(replica: Replica, options: ResetOptions, http: HttpPool) -> ReplicaPlan:
@@ -372,6 +411,10 @@ class MasterReceipt:
     others_before: int | None = None  # keys of other deployments sharing the master
     others_after: int | None = None
     remaining: str | None = None  # why keys survived the clear's retries, when they did
+    rpc_address: str | None = None  # where a scoped clear went (the leader's RPC port)
+    planned_address: str | None = None  # the master the plan chose (differs after a leader change)
+    leader_changed: str | None = None  # "old -> new" when leadership moved before or during the clear
+    roles: list[MasterNode] = field(default_factory=list)  # what each master said just before the clear
 
 
 @dataclass
@@ -432,7 +475,8 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
     by_name = {r.name: r for r in fleet.replicas}
     receipts = {r.name: ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas}
     live = [r for r in plan.replicas if r.error is None]
-    master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix) if plan.master else None
+    master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix, rpc_address=plan.master_rpc,
+                           planned_address=plan.master) if plan.master else None
     sem = asyncio.Semaphore(max(1, opts.concurrency))
     canaries: dict[str, _Canary] = {}
 
@@ -466,9 +510,11 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
                                                "was reset; this replica was resumed at once")
         else:
             await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
-            if master is not None and plan.master_clear:
+            leading = master is None or not _uses_master(plan) or not _ha_group(plan) \
+                or await _recheck_leader(master, plan, http)
+            if master is not None and plan.master_clear and leading:
                 await _clear_master(master, plan, http)
-            if master is not None and opts.verify:
+            if master is not None and opts.verify and leading:
                 await _count_master_keys(master, opts, http)
     finally:
         if opts.pausing:
@@ -578,30 +624,67 @@ async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: Rese
                     outcome.attempts, error, detail)
 
 
+async def _recheck_leader(master: MasterReceipt, plan: Plan, http: HttpPool, why: str | None = None) -> bool:
+    """Ask the HA group again just before the clear (or after a refused one): leadership may have
+    moved since the plan. Waits up to clear_timeout for a leader that serves (an election plus a new
+    leader's warm-up took ~10 s on 0.3.13.post1). False, and the receipt says why, when none leads."""
+    from kvctl.master_select import choose_serving
+
+    opts = plan.options
+    choice = await choose_serving(tuple(plan.master_group), tuple(plan.master_rpc_group), opts.timeout,
+                                  opts.clear_timeout, http)
+    master.roles = choice.nodes
+    if choice.address is None:
+        master.error = (f"no Mooncake master leads just before the clear, nothing was cleared: {choice.error}"
+                        + (f" (after: {why})" if why else ""))
+        master.clear = OpResult("master_clear", "failed", error=master.error) if plan.master_clear else None
+        master.verified = False if opts.verify else None
+        return False
+    if choice.address != master.address:
+        master.leader_changed = f"{master.address} -> {choice.address}"
+    master.address, master.rpc_address = choice.address, choice.rpc
+    return True
+
+
 async def _clear_master(master: MasterReceipt, plan: Plan, http: HttpPool) -> None:
-    """Clear this deployment's keys (scoped) or every key (whole), count before and after, and
-    retry within clear_timeout what the clear skipped (puts in flight, replication tasks)."""
-    from kvctl.mooncake_master import MasterAdmin, MasterError
+    """Clear on the leader. If it refuses (HA: a 503 from a node that stopped leading), find the
+    leader again once and, if it moved, clear there."""
+    from kvctl.mooncake_master import MasterError
+
+    started = time.perf_counter()
+    try:
+        return await _clear_on(master, plan, http, started)
+    except MasterError as exc:
+        failure = exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
+    if _ha_group(plan):
+        before = master.address
+        if not await _recheck_leader(master, plan, http, why=failure):
+            return  # the receipt says no master leads
+        if master.address != before:
+            try:
+                return await _clear_on(master, plan, http, started)
+            except MasterError as exc:
+                failure = exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
+    master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1, error=failure)
+    master.error = failure
+
+
+async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float) -> None:
+    """Clear this deployment's keys (scoped) or every key (whole) on master.address, count before and
+    after, and retry within clear_timeout what the clear skipped (puts in flight, replication tasks)."""
+    from kvctl.mooncake_master import MasterAdmin
 
     opts, prefix = plan.options, key_prefix(plan.cache_prefix)
     master.scope = plan.master_clear_scope
-    started = time.perf_counter()
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
-        try:
-            master.keys_before, master.others_before = _split(await admin.all_keys(), prefix)
-            removed, how = await _remove(admin, plan, prefix)
-            deadline = started + opts.clear_timeout
+        master.keys_before, master.others_before = _split(await admin.all_keys(), prefix)
+        removed, how = await _remove(admin, plan, prefix, master.rpc_address)
+        deadline = started + opts.clear_timeout
+        mine, others = _split(await admin.all_keys(), prefix)
+        while mine and master.scope and time.perf_counter() < deadline:
+            await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
+            removed += (await _remove(admin, plan, prefix, master.rpc_address))[0]
             mine, others = _split(await admin.all_keys(), prefix)
-            while mine and master.scope and time.perf_counter() < deadline:
-                await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
-                removed += (await _remove(admin, plan, prefix))[0]
-                mine, others = _split(await admin.all_keys(), prefix)
-        except MasterError as exc:
-            said = exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
-            master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1,
-                                    error=said)
-            master.error = said
-            return
     master.removed_count, master.keys_after, master.others_after = removed, mine, others
     if mine:
         master.remaining = (f"{mine} key(s) survived {opts.clear_timeout:g}s of forced clears: Mooncake "
@@ -618,30 +701,29 @@ def _split(keys: list[str], prefix: str | None) -> tuple[int, int]:
     return mine, len(keys) - mine
 
 
-async def _remove(admin: Any, plan: Plan, prefix: str | None) -> tuple[int, str]:
-    """One clear: (what the master says it removed, how)."""
+async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None) -> tuple[int, str]:
+    """One clear: (what the master says it removed, how). `rpc`: the chosen master's RPC address."""
     from kvctl import store_client
     from kvctl.mooncake_master import MasterError, NoHttpRemoveAll
 
     if plan.master_clear_scope == "scoped" and prefix is not None:
         pattern = "^" + re.escape(prefix)
         try:
-            done = await asyncio.to_thread(store_client.remove_matching, plan.master_rpc, pattern,
+            done = await asyncio.to_thread(store_client.remove_matching, rpc, pattern,
                                            plan.options.clear_timeout + 30)
         except store_client.StoreClientError as exc:
             raise MasterError(exc.message, exc.hint) from None
-        return done.removed, f"remove_by_regex('{pattern}', force=True) via {plan.master_rpc}"
+        return done.removed, f"remove_by_regex('{pattern}', force=True) via {rpc}"
     try:
         return await admin.remove_all(force=True), "POST /api/v1/remove_all?force=true"
     except NoHttpRemoveAll:
-        if plan.master_rpc is None or not store_client.available():
+        if rpc is None or not store_client.available():
             raise
     try:  # an older master: the store client clears it through the RPC port
-        done = await asyncio.to_thread(store_client.remove_matching, plan.master_rpc, None,
-                                       plan.options.clear_timeout + 30)
+        done = await asyncio.to_thread(store_client.remove_matching, rpc, None, plan.options.clear_timeout + 30)
     except store_client.StoreClientError as exc:
         raise MasterError(exc.message, exc.hint) from None
-    return done.removed, f"remove_all(force=True) via {plan.master_rpc} (no HTTP remove_all on this master)"
+    return done.removed, f"remove_all(force=True) via {rpc} (no HTTP remove_all on this master)"
 
 
 async def _count_master_keys(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:

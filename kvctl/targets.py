@@ -6,8 +6,10 @@ inventory's master).
 
 Inventory (YAML):
 
-    master: 127.0.0.1:9003        # the master's admin/metrics HTTP port (not its RPC port)
+    master: 127.0.0.1:9003        # the master's admin/metrics HTTP port (not its RPC port); an HA
+                                  # group: a list, or "a:9003,b:9003" (kvctl finds the leader)
     master_rpc: 127.0.0.1:50051   # optional: its RPC port, for clearing only this deployment's keys
+                                  # (HA: the leader reports its own; else one per master, same order)
     cache_prefix: rl-run-7        # optional: this deployment's key prefix on the master
     replicas:
       - url: http://127.0.0.1:8000
@@ -51,6 +53,18 @@ class Fleet:
     # host:port of the master's RPC port: Mooncake's store client removes one deployment's keys
     # through it (the admin HTTP API can only clear everything)
     master_rpc: str | None = None
+    # An HA group: every master's admin address (master is the first), and their RPC addresses in
+    # the same order when given. Empty: just `master` / `master_rpc`.
+    masters: tuple[str, ...] = ()
+    master_rpcs: tuple[str, ...] = ()
+
+    @property
+    def master_group(self) -> tuple[str, ...]:
+        return self.masters or ((self.master,) if self.master else ())
+
+    @property
+    def rpc_group(self) -> tuple[str, ...]:
+        return self.master_rpcs or ((self.master_rpc,) if self.master_rpc else ())
 
 
 def normalize_url(url: str, where: str) -> str:
@@ -97,6 +111,19 @@ def normalize_master(address: str, where: str, port_kind: str = "admin") -> str:
     return text
 
 
+def normalize_masters(addresses: str | list[str], where: str, port_kind: str = "admin") -> tuple[str, ...]:
+    """One master or an HA group: "a:9003,b:9003" (or a YAML list) -> each normalized, in order."""
+    parts = addresses.split(",") if isinstance(addresses, str) else list(addresses)
+    parts = [p for p in (str(x).strip() for x in parts) if p]
+    if not parts:
+        raise UsageError(f"{where}: no master address", "give HOST:PORT, or several comma-separated for an HA group")
+    multi = len(parts) > 1
+    found = tuple(normalize_master(p, f"{where} #{i + 1}" if multi else where, port_kind) for i, p in enumerate(parts))
+    if len(set(found)) != len(found):
+        raise UsageError(f"{where}: a master is listed twice ({', '.join(found)})", "list each master once")
+    return found
+
+
 def redact(url: str) -> str:
     """The URL without a password (for messages): http://user:pw@h:p -> http://***@h:p."""
     scheme, sep, rest = url.partition("://")
@@ -135,20 +162,22 @@ def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, ma
     env = os.environ if env is None else env
     replicas: list[Replica] = []
     sources: list[str] = []
-    inv_master = cache_prefix = inv_rpc = None
+    cache_prefix = None
+    inv_master: tuple[str, ...] = ()
+    inv_rpc: tuple[str, ...] = ()
     if run is not None:
         from kvctl import runs
 
         record = runs.load(run, state_dir)
         replicas += [Replica(r.url, r.name) for r in record.replicas]
-        inv_master = record.master.admin_address if record.master else None
-        inv_rpc = record.master.rpc_address if record.master else None
+        inv_master = (record.master.admin_address,) if record.master else ()
+        inv_rpc = (record.master.rpc_address,) if record.master else ()
         cache_prefix = record.cache_prefix
         sources.append(f"--run {run}")
     if inventory is not None:
         inv = load_inventory(inventory)
         replicas += inv.replicas
-        inv_master, cache_prefix, inv_rpc = inv.master, inv.cache_prefix, inv.master_rpc
+        inv_master, cache_prefix, inv_rpc = inv.master_group, inv.cache_prefix, inv.rpc_group
         sources.append(f"--inventory {inventory}")
     for i, url in enumerate(urls or []):
         u = normalize_url(url, f"--url #{i + 1}")
@@ -164,9 +193,21 @@ def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, ma
         raise UsageError("no replicas to act on",
                          f"pass --run NAME, --url URL (repeatable), --inventory FILE or set {URLS_ENV}")
     _check_unique(replicas)
-    final_master = normalize_master(master, "--master") if master else inv_master
-    rpc = normalize_master(master_rpc, "--master-rpc", "rpc") if master_rpc else inv_rpc
-    return Fleet(replicas, final_master, cache_prefix, sources, rpc)
+    masters = normalize_masters(master, "--master") if master else inv_master
+    rpcs = normalize_masters(master_rpc, "--master-rpc", "rpc") if master_rpc else inv_rpc
+    return _with_masters(Fleet(replicas, None, cache_prefix, sources), masters, rpcs, "--master-rpc")
+
+
+def _with_masters(fleet: Fleet, masters: tuple[str, ...], rpcs: tuple[str, ...], rpc_where: str) -> Fleet:
+    """Set the master (group) and RPC address(es); several RPC addresses pair with the masters by
+    position, so their counts must match."""
+    if len(rpcs) > 1 and len(rpcs) != len(masters):
+        raise UsageError(f"{rpc_where}: {len(rpcs)} RPC addresses for {len(masters)} master(s)",
+                         "give one RPC address per master, in the same order (or none: an HA leader reports its own)")
+    from dataclasses import replace
+
+    return replace(fleet, master=masters[0] if masters else None, master_rpc=rpcs[0] if rpcs else None,
+                   masters=masters if len(masters) > 1 else (), master_rpcs=rpcs if len(rpcs) > 1 else ())
 
 
 def _check_unique(replicas: list[Replica]) -> None:
@@ -196,8 +237,8 @@ def load_inventory(path: Path) -> Fleet:
     class _Inventory(BaseModel):
         model_config = ConfigDict(extra="forbid")
         replicas: list[_Replica]
-        master: str | None = None
-        master_rpc: str | None = None
+        master: str | list[str] | None = None  # a list (or "a,b"): an HA group
+        master_rpc: str | list[str] | None = None
         cache_prefix: str | None = None
 
     try:
@@ -220,6 +261,6 @@ def load_inventory(path: Path) -> Fleet:
     for i, r in enumerate(inv.replicas):
         url = normalize_url(r.url, f"--inventory {path}: replicas.{i}.url")
         replicas.append(Replica(url, r.name or default_name(url), r.api_key_env, r.connector))
-    master = normalize_master(inv.master, f"--inventory {path}: master") if inv.master else None
-    rpc = normalize_master(inv.master_rpc, f"--inventory {path}: master_rpc", "rpc") if inv.master_rpc else None
-    return Fleet(replicas, master, inv.cache_prefix, master_rpc=rpc)
+    masters = normalize_masters(inv.master, f"--inventory {path}: master") if inv.master else ()
+    rpcs = normalize_masters(inv.master_rpc, f"--inventory {path}: master_rpc", "rpc") if inv.master_rpc else ()
+    return _with_masters(Fleet(replicas, None, inv.cache_prefix), masters, rpcs, f"--inventory {path}: master_rpc")

@@ -60,3 +60,35 @@ def test_nothing_targeted() -> None:
         build_fleet(None, env={})
     with pytest.raises(UsageError, match="is not HOST:PORT"):
         build_fleet(["127.0.0.1:1"], master="9003", env={})
+
+
+def test_ha_master_groups(tmp_path: Path) -> None:
+    """Several masters (an HA group): comma-separated on the command line, a YAML list (or the same
+    comma form) in the inventory; RPC addresses, when several, pair with them by position."""
+    fleet = build_fleet(["127.0.0.1:1"], master="127.0.0.1:9003, 127.0.0.1:9004", env={},
+                        master_rpc="127.0.0.1:50051,127.0.0.1:50052")
+    assert fleet.master_group == ("127.0.0.1:9003", "127.0.0.1:9004") and fleet.master == "127.0.0.1:9003"
+    assert fleet.rpc_group == ("127.0.0.1:50051", "127.0.0.1:50052")
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text("master: [127.0.0.1:9003, 'http://127.0.0.1:9004']\nreplicas: [{url: '127.0.0.1:1'}]\n")
+    assert build_fleet(None, inv, env={}).master_group == ("127.0.0.1:9003", "127.0.0.1:9004")
+    inv.write_text("master: 127.0.0.1:9003,127.0.0.1:9004\nmaster_rpc: 127.0.0.1:50051\nreplicas: [{url: '127.0.0.1:1'}]\n")
+    one_rpc = build_fleet(None, inv, env={})
+    assert one_rpc.master_group == ("127.0.0.1:9003", "127.0.0.1:9004") and one_rpc.rpc_group == ("127.0.0.1:50051",)
+    single = build_fleet(["127.0.0.1:1"], master="127.0.0.1:9003", env={})
+    assert single.master_group == ("127.0.0.1:9003",) and single.masters == ()  # as before
+
+
+@pytest.mark.parametrize(
+    ("master", "rpc", "message"),
+    [
+        ("127.0.0.1:9003,127.0.0.1:9003", None, "listed twice"),
+        ("127.0.0.1:9003,nohost", None, "--master #2: 'nohost' is not HOST:PORT"),
+        ("127.0.0.1:9003,127.0.0.1:9004", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "3 RPC addresses for 2 master(s)"),
+        (" , ", None, "no master address"),
+    ],
+)
+def test_bad_master_groups(master: str, rpc: str | None, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        build_fleet(["127.0.0.1:1"], master=master, master_rpc=rpc, env={})
+    assert message in str(info.value)

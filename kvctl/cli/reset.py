@@ -112,6 +112,7 @@ def _print_plan(plan: Any) -> None:
     output.show(table)
     for note in plan.notes:
         output.show(f"[dim]note:[/] {escape(note)}")
+    _print_master_roles(plan.master_nodes, plan.master, "at plan time", plan.master_rpc)
     if plan.master_clear and plan.master_clear_scope == "scoped":
         output.show(f"master {escape(plan.master)}: remove only this deployment's keys "
                     f"('{escape(plan.cache_prefix or '')}@...', forced) through its RPC port "
@@ -155,12 +156,40 @@ def _print_results(receipt: Any) -> None:
         if m.others_before is not None or m.others_after is not None:
             parts.append(f"other deployments' keys {m.others_before if m.others_before is not None else '?'} -> "
                          f"{m.others_after if m.others_after is not None else '?'}")
-        output.show(f"master {escape(m.address)}: " + "; ".join(parts))
+        output.show(f"master {escape(m.address)}{_leader_note(m)}: " + "; ".join(parts))
+    if m is not None:
+        _print_master_roles(m.roles or receipt.plan.master_nodes, m.address,
+                            "just before the clear" if m.roles else "at plan time", m.rpc_address)
     for r in receipt.replicas:
         if r.error:
             output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")
     if m is not None and m.error:
         output.show(f"[red]master[/]: {escape(m.error)}")
+
+
+def _leader_note(m: Any) -> str:
+    """Which master of an HA group was used, and whether leadership moved since the plan."""
+    from rich.markup import escape
+
+    if m.leader_changed:
+        return f" [yellow](the leader changed after the plan: {escape(m.leader_changed)})[/]"
+    return ""
+
+
+def _print_master_roles(nodes: list[Any], used: str | None, when: str, rpc: str | None = None) -> None:
+    """One line per master of an HA group (several masters, or one in HA mode): its role, and which
+    one kvctl used (a lone master without HA prints nothing, as before)."""
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    if len(nodes) < 2 and not any(n.leader_rpc or n.view_version is not None for n in nodes):
+        return
+    rows = []
+    for n in nodes:
+        mark = (" [bold]<- used[/]" + (f" (RPC {escape(rpc)})" if rpc else "")) if n.address == used else ""
+        rows.append(f"  {escape(n.describe())}{mark}")
+    output.show(f"Mooncake masters {when}:\n" + "\n".join(rows))
 
 
 def _op_cell(op: Any) -> str:

@@ -40,8 +40,10 @@ def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_pyth
     staged = stack.model / "model.safetensors.new"
     shutil.copy2(models / "tiny-llama-1" / "model.safetensors", staged)
     os.replace(staged, stack.model / "model.safetensors")
+    # The same deployment after the update: same master, same cache_prefix (kvctl serve would give
+    # the new run its own, which is what keeps unrelated runs apart)
     new = start_stack("weights", stack.state, stack.model, vllm_python, "--master", stack.rpc,
-                      "--master-admin", stack.admin)
+                      "--master-admin", stack.admin, "--set", f"cache_prefix={stack.name}")
     try:
         c = new.urls[0]
         stale = probe(c, stack.model, max_tokens=4)

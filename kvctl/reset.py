@@ -50,6 +50,8 @@ class ResetOptions:
     # A scoped fleet (cache_prefix) loses only its own keys unless this says the whole master may go.
     whole_master: bool = False
     clear_timeout: float = 15.0  # how long a master clear may retry keys it skipped (puts in flight)
+    # With verify: prompts `kvctl probe` checks after the reset (content, not counts); STALE fails it.
+    probe_prompts: list[str] | None = None
 
     @property
     def pausing(self) -> bool:
@@ -393,6 +395,7 @@ class ReplicaReceipt:
     connector: list[str] | None
     ops: list[OpResult] = field(default_factory=list)
     canary: CanaryCheck | None = None
+    probe: dict[str, Any] | None = None  # kvctl probe's verdict and per-prompt results (--probe-prompts)
     reset: bool = False  # every step confirmed
     error: str | None = None
 
@@ -527,7 +530,21 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
                 async with _client(by_name[rp.name], opts, http) as client:
                     receipts[rp.name].canary = await canary.check(client)
         await each(check)
+        if opts.probe_prompts:
+            await _probe_after(live, by_name, opts, http, receipts)
     return _conclude(plan, list(receipts.values()), master, time.perf_counter() - start)
+
+
+async def _probe_after(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions,
+                       http: HttpPool, receipts: dict[str, ReplicaReceipt]) -> None:
+    """Content-level proof after the reset: each prompt as is vs computed fresh (kvctl.probe)."""
+    from kvctl.probe import ProbeOptions, probe_fleet
+
+    fleet = Fleet([by_name[rp.name] for rp in live])
+    report = await probe_fleet(fleet, opts.probe_prompts, ProbeOptions(concurrency=opts.concurrency), http)
+    for replica in report.replicas:
+        receipts[replica.name].probe = {"verdict": replica.verdict, "error": replica.error,
+                                        "results": [asdict(r) for r in replica.results]}
 
 
 async def _pause_all(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions, http: HttpPool,
@@ -766,11 +783,12 @@ def _conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt 
         rp = plans[rr.name]
         failed = [o for o in rr.ops if o.result == "failed"]
         needs_master = plan.master_clear and (rp.store_cleared_by_vllm is False)
-        canary_ok = rr.canary.ok if rr.canary is not None else not opts.verify
+        canary_ok = (rr.canary.ok if rr.canary is not None else not opts.verify) \
+            and not (rr.probe is not None and rr.probe["verdict"] == "STALE")
         store_ok = master_ok if (needs_master or (opts.verify and master is not None)) else True
         rr.reset = rr.error is None and not failed and canary_ok and store_ok
         if rr.error is None and not rr.reset:
-            rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master)
+            rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master, rr.probe)
     not_reset = [r.name for r in replicas if not r.reset]
     done = len(replicas) - len(not_reset)
     if not not_reset:
@@ -785,11 +803,14 @@ def _conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt 
 
 
 def _replica_error(failed: list[OpResult], canary: CanaryCheck | None, verify: bool, store_ok: bool,
-                   master: MasterReceipt | None) -> str:
+                   master: MasterReceipt | None, probe: dict[str, Any] | None = None) -> str:
     if failed:
         return "; ".join(f"{o.op}: {o.error}" for o in failed)
     if verify and (canary is None or not canary.ok):
         return f"verification failed: {canary.error if canary else 'no canary result'}"
+    if probe is not None and probe["verdict"] == "STALE":
+        stale = next(r for r in probe["results"] if r["verdict"] == "STALE")
+        return f"verification failed: kvctl probe found STALE KV for '{stale['prompt']}': {stale['reason']}"
     if not store_ok:
         return f"the Mooncake store was not confirmed clear: {master.error if master else 'no master'}"
     return "not confirmed"

@@ -11,6 +11,7 @@ from kvctl import __version__
 from kvctl.cli import compat, config
 from kvctl.cli.reset import reset
 from kvctl.cli.doctor import doctor
+from kvctl.cli.probe import probe
 from kvctl.cli.serve import serve, stop
 from kvctl.cli.status import status
 
@@ -25,6 +26,7 @@ app = typer.Typer(
 app.add_typer(config.app, name="config")
 app.add_typer(compat.app, name="compat")
 app.command("reset")(reset)
+app.command("probe")(probe)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
 app.command("stop")(stop)
 app.command("status")(status)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -29,6 +30,7 @@ def reset(
     pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (it waits for in-flight requests); tried twice at most. When a pause fails, every replica that paused is resumed at once and nothing is reset.")] = 120.0,
     whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
     clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped (puts still in flight, replication tasks).")] = 15.0,
+    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: after the reset, check these prompts by content (kvctl probe: as is vs computed fresh with a cache_salt); STALE fails the verification. One prompt a line, or JSONL.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
@@ -47,10 +49,19 @@ def reset(
         # `not >` also refuses nan
         raise UsageError("--timeout and --pause-timeout must be > 0, --clear-timeout >= 0, --retries >= 0 "
                          "and --concurrency >= 1")
+    if probe_prompts is not None and not verify:
+        raise UsageError("--probe-prompts checks the reset by content: it needs --verify",
+                         "add --verify (or run kvctl probe on its own)")
+    prompts = None
+    if probe_prompts is not None:
+        from kvctl.probe import load_prompts
+
+        prompts = load_prompts(probe_prompts)
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc)
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
                            pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
-                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout)
+                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
+                           probe_prompts=prompts)
     import asyncio  # lazily: --help and other commands do not need it
 
     receipt = asyncio.run(hard_reset_fleet(fleet, options))
@@ -160,6 +171,11 @@ def _print_results(receipt: Any) -> None:
     if m is not None:
         _print_master_roles(m.roles or receipt.plan.master_nodes, m.address,
                             "just before the clear" if m.roles else "at plan time", m.rpc_address)
+    for r in receipt.replicas:
+        if r.probe is not None:
+            style = {"match": "green", "STALE": "bold red"}.get(r.probe["verdict"], "yellow")
+            output.show(f"probe {escape(r.name)}: [{style}]{r.probe['verdict']}[/] over "
+                        f"{len(r.probe['results'])} prompt(s)" + (f" ({escape(r.probe['error'])})" if r.probe["error"] else ""))
     for r in receipt.replicas:
         if r.error:
             output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")

@@ -168,16 +168,18 @@ def master_keys(admin: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def wait_for_keys(admin: str, timeout: float = 90.0) -> list[str]:
+def wait_for_keys(admin: str, timeout: float = 90.0, prefix: str = "") -> list[str]:
     """vLLM saves KV to Mooncake asynchronously (seen taking 1.3 s, and longer when a transfer
-    stalls): wait until the master lists the keys before asking another replica for them."""
+    stalls): wait until the master lists the keys (those starting with `prefix`: other clients'
+    keys on the same master must not end the wait) before asking another replica for them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        keys = master_keys(admin)
+        keys = [k for k in master_keys(admin) if k.startswith(prefix)]
         if keys:
             return keys
         time.sleep(0.5)
-    raise AssertionError(f"no key reached the master at {admin} within {timeout:g} s")
+    raise AssertionError(f"no key{' under ' + prefix if prefix else ''} reached the master at {admin} "
+                         f"within {timeout:g} s")
 
 
 def reset_local(url: str) -> None:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from .conftest import Stack, kvctl, master_keys, probe, receipt, reset_local, wait_for_keys
+from .conftest import PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local, wait_for_keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -38,6 +38,22 @@ def test_stale_kv_survives_a_local_only_reset(stack: Stack) -> None:
     stale = probe(b, stack.model)
     # the silent correctness loss: after a "successful" reset, B still loads the old block
     assert stale.external == 128 and stale.local == 0
+
+
+def test_probe_negative_control_counters_and_content_disagree(stack: Stack, tmp_path) -> None:
+    """Equal weights: B's answer came from A's block (128 external hits: by the counters, "reused
+    KV"), yet it is what B computes fresh: kvctl probe says match. The counters say where KV came
+    from; only the content says whether it is wrong for these weights."""
+    a, b = stack.urls
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(PROMPT + "\n")
+    proc = kvctl("probe", "--url", b, "--prompts", str(prompts), "--json", state=stack.state, check=False)
+    data = receipt(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = data["replicas"][0]["results"]
+    assert result["verdict"] == "match" and result["plain_cached"] >= 128 and result["salted_cached"] == 0
+    # what a from-scratch computation and a cross-replica load differ by (docs/evidence.md)
+    print(f"probe max log-probability difference (cross-replica load vs fresh): {result['max_logprob_difference']}")
 
 
 def test_kvctl_reset_connector_verify_eliminates_it(stack: Stack) -> None:
@@ -83,9 +99,11 @@ def test_scoped_reset_keeps_another_deployments_keys(stack: Stack) -> None:
     outside vLLM (requests succeed, canaries verify, the stale prompt is recomputed)."""
     from ..integration.helpers import StoreWriter
 
+    from kvctl.store_client import remove_matching
+
     a, b = stack.urls
     probe(a, stack.model)
-    wait_for_keys(stack.admin)
+    wait_for_keys(stack.admin, prefix=f"{stack.name}@")
     other = StoreWriter(stack.rpc)
     try:
         other.put(20, "svc-b@")
@@ -102,4 +120,7 @@ def test_scoped_reset_keeps_another_deployments_keys(stack: Stack) -> None:
             assert probe(url, stack.model).status == 200
         assert other.proc.poll() is None
     finally:
-        other.kill()
+        # a clean close unmounts its segment (a killed client's segment would swallow the next
+        # puts until the master expires it) and drops its keys; the next tests expect only the run's
+        other.close()
+        remove_matching(stack.rpc, "^svc-b@", 60)

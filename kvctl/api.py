@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvctl.errors import KvctlError
 from kvctl.reset import Receipt, ResetOptions, hard_reset_fleet
 from kvctl.targets import build_fleet
+
+if TYPE_CHECKING:
+    from kvctl.probe import ProbeReport
 
 
 class ResetFailed(KvctlError):
@@ -65,3 +69,16 @@ async def hard_reset_async(
 def hard_reset(urls: list[str] | None = None, **kwargs: object) -> Receipt:
     """Blocking twin of hard_reset_async (same arguments). Call it from code without a running loop."""
     return asyncio.run(hard_reset_async(urls, **kwargs))  # type: ignore[arg-type]
+
+
+def probe(urls: list[str] | None = None, *, prompts: list[str] | None = None,
+          inventory: str | Path | None = None, run: str | None = None, max_tokens: int = 4,
+          tolerance: float | None = None, timeout: float = 120.0) -> "ProbeReport":
+    """Content-level check (same as `kvctl probe`): each prompt as served vs computed fresh with a
+    cache_salt, per replica. Returns the report (`.exit_code`: 0 match, 1 STALE, 3 inconclusive)."""
+    from kvctl.probe import DEFAULT_TOLERANCE, ProbeOptions, probe_fleet
+
+    fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, None, run=run)
+    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout,
+                           tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    return asyncio.run(probe_fleet(fleet, prompts, options))

@@ -81,3 +81,20 @@ def test_versions_without_cache_salt_are_inconclusive_not_guessed() -> None:
     (replica,) = report.replicas
     assert replica.verdict == "inconclusive" and "takes no cache_salt (first in 0.10.0)" in replica.error
     assert report.exit_code == EXIT_INCONCLUSIVE
+
+
+def test_cli_json_and_exit_code_for_an_inconclusive_fleet(cli) -> None:
+    with DoubleFleet() as fleet:
+        url = fleet.add(VllmDouble("0.9.2", connector=None))
+        result = cli("probe", "--url", url, "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == EXIT_INCONCLUSIVE and data["exit_code"] == EXIT_INCONCLUSIVE
+    assert data["replicas"][0]["verdict"] == "inconclusive" and "cache_salt" in data["summary"] + \
+        data["replicas"][0]["error"]
+
+
+def test_reset_probe_prompts_needs_verify(cli, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    result = cli("reset", "--url", "http://127.0.0.1:9", "--probe-prompts", str(prompts))
+    assert result.exit_code == 2 and "needs --verify" in result.stderr

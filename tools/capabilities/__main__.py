@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 import time
@@ -11,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tools.capabilities import fetch, snapshot
-from tools.capabilities.merge import build, dumps
+from tools.capabilities.merge import build, check_committed, dumps
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = REPO / "kvctl/data/vllm_facts.json"
@@ -39,17 +38,6 @@ def generate(offline: bool, root: Path = fetch.CACHE_ROOT,
     return dumps(build(releases, snapshots, HEADER)), stats
 
 
-def check(text: str) -> int:
-    committed = OUTPUT.read_text() if OUTPUT.exists() else ""
-    if committed == text:
-        print(f"{OUTPUT.relative_to(REPO)} is up to date")
-        return 0
-    diff = list(difflib.unified_diff(committed.splitlines(), text.splitlines(), "committed", "generated", lineterm="", n=1))
-    print(f"{OUTPUT.relative_to(REPO)} differs from the sources ({len(diff)} diff lines); run `make capabilities`:")
-    print("\n".join(diff[:80]))
-    return 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.capabilities", description=__doc__)
     parser.add_argument("--offline", action="store_true", help="use only the source cache")
@@ -62,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:  # the releases the committed file covers: a new upstream release is not drift
         committed = json.loads(OUTPUT.read_text())["releases"] if OUTPUT.exists() else None
-        return check(generate(args.offline, only=committed)[0])
+        return check_committed(OUTPUT, generate(args.offline, only=committed)[0], str(OUTPUT.relative_to(REPO)),
+                               "make capabilities")
     text, stats = generate(args.offline)
     OUTPUT.write_text(text)
     print(f"wrote {OUTPUT.relative_to(REPO)}: {json.dumps(stats)}", file=sys.stderr)

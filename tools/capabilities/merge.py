@@ -8,8 +8,10 @@ attribute named "params" the nesting repeats (name -> attribute -> leaf).
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 from packaging.version import Version
 
@@ -118,3 +120,17 @@ def strip_locations(snapshot: dict) -> dict:
 
 def dumps(doc: dict) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def check_committed(output: Path, text: str, label: str, regenerate: str) -> int:
+    """0 when the committed file equals `text` (freshly generated), else 1 and the first lines
+    of the difference, saying how to regenerate it."""
+    committed = output.read_text() if output.exists() else ""
+    if committed == text:
+        print(f"{label} is up to date")
+        return 0
+    diff = list(difflib.unified_diff(committed.splitlines(), text.splitlines(), "committed", "generated",
+                                     lineterm="", n=1))
+    print(f"{label} differs from the sources ({len(diff)} diff lines); run `{regenerate}`:")
+    print("\n".join(diff[:80]))
+    return 1

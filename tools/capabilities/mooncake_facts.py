@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import difflib
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from tools.capabilities.merge import dumps, intervals
+from tools.capabilities.merge import check_committed, dumps, intervals
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = REPO / "kvctl/data/mooncake_facts.json"
@@ -362,19 +361,6 @@ def generate(git_dir: Path, only: list[str] | None = None) -> tuple[str, dict]:
     return dumps(doc), stats
 
 
-def check(text: str) -> int:
-    committed = OUTPUT.read_text() if OUTPUT.exists() else ""
-    if committed == text:
-        print(f"{OUTPUT.relative_to(REPO)} is up to date")
-        return 0
-    diff = list(difflib.unified_diff(committed.splitlines(), text.splitlines(), "committed", "generated",
-                                     lineterm="", n=1))
-    print(f"{OUTPUT.relative_to(REPO)} differs from the sources ({len(diff)} diff lines); "
-          "run `make capabilities-mooncake`:")
-    print("\n".join(diff[:80]))
-    return 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.capabilities.mooncake_facts", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -386,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no git repository at {args.git_dir} (clone github.com/kvcache-ai/Mooncake, or pass --git-dir)")
     if args.check:  # the releases the committed file covers: a new upstream tag is not drift
         committed = json.loads(OUTPUT.read_text())["releases"] if OUTPUT.exists() else None
-        return check(generate(args.git_dir, only=committed)[0])
+        return check_committed(OUTPUT, generate(args.git_dir, only=committed)[0], str(OUTPUT.relative_to(REPO)),
+                               "make capabilities-mooncake")
     text, stats = generate(args.git_dir)
     OUTPUT.write_text(text)
     print(f"wrote {OUTPUT.relative_to(REPO)}: {json.dumps(stats)}", file=sys.stderr)

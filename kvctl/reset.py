@@ -518,7 +518,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
             if master is not None and plan.master_clear and leading:
                 await _clear_master(master, plan, http)
             if master is not None and opts.verify and leading:
-                await _count_master_keys(master, opts, http)
+                await _count_master_keys(master, opts, http)  # counted already by a clear: judged only
     finally:
         if opts.pausing:
             resumable = [rp for rp in live if rp.name not in owner_paused]
@@ -672,7 +672,7 @@ async def _clear_master(master: MasterReceipt, plan: Plan, http: HttpPool) -> No
     try:
         return await _clear_on(master, plan, http, started)
     except MasterError as exc:
-        failure = exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
+        failure = _with_fix(exc)
     if _ha_group(plan):
         before = master.address
         if not await _recheck_leader(master, plan, http, why=failure):
@@ -681,9 +681,14 @@ async def _clear_master(master: MasterReceipt, plan: Plan, http: HttpPool) -> No
             try:
                 return await _clear_on(master, plan, http, started)
             except MasterError as exc:
-                failure = exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
+                failure = _with_fix(exc)
     master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1, error=failure)
     master.error = failure
+
+
+def _with_fix(exc: Any) -> str:
+    """A KvctlError's message and its fix, for a receipt that has one error field."""
+    return exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
 
 
 async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float) -> None:
@@ -698,7 +703,7 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
         removed, how = await _remove(admin, plan, prefix, master.rpc_address)
         deadline = started + opts.clear_timeout
         mine, others = _split(await admin.all_keys(), prefix)
-        while mine and master.scope and time.perf_counter() < deadline:
+        while mine and time.perf_counter() < deadline:
             await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
             removed += (await _remove(admin, plan, prefix, master.rpc_address))[0]
             mine, others = _split(await admin.all_keys(), prefix)
@@ -721,41 +726,51 @@ def _split(keys: list[str], prefix: str | None) -> tuple[int, int]:
 async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None) -> tuple[int, str]:
     """One clear: (what the master says it removed, how). `rpc`: the chosen master's RPC address."""
     from kvctl import store_client
-    from kvctl.mooncake_master import MasterError, NoHttpRemoveAll
+    from kvctl.mooncake_master import NoHttpRemoveAll
 
     if plan.master_clear_scope == "scoped" and prefix is not None:
         pattern = "^" + re.escape(prefix)
-        try:
-            done = await asyncio.to_thread(store_client.remove_matching, rpc, pattern,
-                                           plan.options.clear_timeout + 30)
-        except store_client.StoreClientError as exc:
-            raise MasterError(exc.message, exc.hint) from None
-        return done.removed, f"remove_by_regex('{pattern}', force=True) via {rpc}"
+        removed = await _store_client_remove(rpc, pattern, plan.options.clear_timeout)
+        return removed, f"remove_by_regex('{pattern}', force=True) via {rpc}"
     try:
         return await admin.remove_all(force=True), "POST /api/v1/remove_all?force=true"
     except NoHttpRemoveAll:
         if rpc is None or not store_client.available():
             raise
-    try:  # an older master: the store client clears it through the RPC port
-        done = await asyncio.to_thread(store_client.remove_matching, rpc, None, plan.options.clear_timeout + 30)
+    # an older master: the store client clears it through the RPC port
+    removed = await _store_client_remove(rpc, None, plan.options.clear_timeout)
+    return removed, f"remove_all(force=True) via {rpc} (no HTTP remove_all on this master)"
+
+
+async def _store_client_remove(rpc: str | None, pattern: str | None, clear_timeout: float) -> int:
+    """Mooncake's store client (a child process) removes `pattern`'s keys (None: all), forced."""
+    from kvctl import store_client
+    from kvctl.mooncake_master import MasterError
+
+    try:
+        done = await asyncio.to_thread(store_client.remove_matching, rpc, pattern, clear_timeout + 30)
     except store_client.StoreClientError as exc:
         raise MasterError(exc.message, exc.hint) from None
-    return done.removed, f"remove_all(force=True) via {rpc} (no HTTP remove_all on this master)"
+    return done.removed
 
 
 async def _count_master_keys(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
+    """--verify: this deployment's keys left on the master must be 0. A clear that just ran ends
+    by counting them (after its retries); its count is used rather than listing every key again."""
     from kvctl.mooncake_master import MasterAdmin, MasterError
 
-    async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
-        try:
-            mine, others = _split(await admin.all_keys(), key_prefix(master.cache_prefix))
-        except MasterError as exc:
-            master.error = master.error or exc.message
-            master.verified = False
-            return
-    master.keys_after = mine
-    if master.cache_prefix:
-        master.others_after = others
+    mine = master.keys_after
+    if mine is None:
+        async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
+            try:
+                mine, others = _split(await admin.all_keys(), key_prefix(master.cache_prefix))
+            except MasterError as exc:
+                master.error = master.error or exc.message
+                master.verified = False
+                return
+        master.keys_after = mine
+        if master.cache_prefix:
+            master.others_after = others
     master.verified = mine == 0
     if not master.verified:
         scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"

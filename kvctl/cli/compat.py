@@ -118,7 +118,7 @@ def _print(report: Any, require: Requirement | None, with_master: bool, met: boo
     layout = ", ".join(report.layout) or "no KV connector"
     output.show(f"vLLM [bold]{report.vllm_version}[/] [dim]({escape(report.version_source)})[/]   "
                 f"layout: [bold]{escape(layout)}[/] [dim]({escape(report.layout_source)})[/]")
-    table = output.table("reset operation", "status", "detail")
+    table = output.table("reset operation", "status", "detail", wrap=("detail",))
     for op in report.operations:
         table.add_row(OPERATION_TITLES[op.name], output.styled(op.status), escape(op.detail))
     output.show(table)

@@ -39,7 +39,7 @@ def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = Fa
     ]
     if json_out:
         return output.print_json(rows)
-    table = output.table("template", "connectors", "vLLM", "description")
+    table = output.table("template", "connectors", "vLLM", "description", wrap=("connectors", "description"))
     for row in rows:
         name = escape(row["name"]) + ("" if row["origin"] == "built-in" else " [dim](user)[/]")
         table.add_row(name, escape(", ".join(row["connectors"])), escape(row["vllm"]), escape(row["description"]))
@@ -68,14 +68,16 @@ def show_template(
                                   "parameters": params, "notes": list(t.notes)})
     output.show(f"[bold]{escape(t.name)}[/]  ({escape(t.origin)})\n{escape(t.description)}\n"
                 f"connectors: {escape(', '.join(t.connectors()))}   vLLM: {escape(_range(t))}")
-    table = output.table("parameter", "type", "default", "help")
+    table = output.table("parameter", "type", "default", "help", wrap=("help",))
     for p in params:
-        default = "[dim](unset)[/]" if p["default"] is None else repr(p["default"]) if p["default"] == "" else str(p["default"])
-        table.add_row(escape(p["name"]), escape(p["type"]), escape(default), escape(p["help"]))
+        default = ("[dim](unset)[/]" if p["default"] is None
+                   else escape(repr(p["default"]) if p["default"] == "" else str(p["default"])))
+        table.add_row(escape(p["name"]), escape(p["type"]), default, escape(p["help"]))
     output.show(table)
     for line in t.notes:
         output.show(f"[dim]note:[/] {escape(line)}")
-    output.show(f"render: kvctl config render {t.name} [--set KEY=VALUE ...] --format verl|vllm-args|json|env|mooncake")
+    output.show(f"render: kvctl config render {escape(t.name)} \\[--set KEY=VALUE ...] "
+                "--format verl|vllm-args|json|env|mooncake", soft_wrap=True)  # a command: never broken
 
 
 @app.command("render")

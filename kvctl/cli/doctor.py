@@ -43,7 +43,7 @@ def _print(checks: list[Any], tally: dict[str, int], code: int) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("check", "status", "detail", "fix")
+    table = output.table("check", "status", "detail", "fix", wrap=("detail", "fix"))
     for c in checks:
         table.add_row(escape(c.name), STATUS_CELL[c.status], escape(c.detail), escape(c.fix or ""))
     output.show(table)

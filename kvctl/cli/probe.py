@@ -59,7 +59,7 @@ def _print(report: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "version", "prompt", "verdict", "why")
+    table = output.table("replica", "version", "prompt", "verdict", "why", wrap=("prompt", "why"))
     style = {"match": "green", "STALE": "bold red", "inconclusive": "yellow"}
     for r in report.replicas:
         if r.error:

@@ -110,7 +110,8 @@ def _print_plan(plan: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "version", "connector", "will send", "skipped", title="plan (dry run)")
+    table = output.table("replica", "version", "connector", "will send", "skipped", title="plan (dry run)",
+                         wrap=("will send", "skipped"))
     for r in plan.replicas:
         if r.error:
             table.add_row(escape(r.name), escape(r.version or "?"), "", f"[red]{escape(r.error)}[/]", "")

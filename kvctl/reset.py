@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -932,6 +931,8 @@ class _Canary:
 
 async def _canary_prompt(client: VllmClient, model: str, block_size: int) -> tuple[str, int | None]:
     """A unique prompt of more than one KV block (two when max_model_len allows), sized with /tokenize."""
+    import secrets  # lazily: only --verify needs a nonce
+
     nonce = secrets.token_hex(4)
     words = [f"kvctl canary {nonce}:"]
     target = block_size + 1

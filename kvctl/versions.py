@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
@@ -52,6 +51,8 @@ class InstalledVllm:
 
 def installed_vllm() -> InstalledVllm | None:
     """The vLLM distribution installed in this interpreter, from package metadata only."""
+    from importlib import metadata  # lazily: ~10 ms that `kvctl reset --url` never needs
+
     for dist in VLLM_DISTRIBUTIONS:
         try:
             raw = metadata.version(dist)

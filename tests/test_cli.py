@@ -170,9 +170,17 @@ def test_compat_matrix(cli) -> None:
     assert "MooncakeStoreConnector" in cli("compat", "matrix").stdout
 
 
-# pydantic: Typer >= 0.26 imports it to coerce every option (~70 ms a start; pyproject pins below).
-# Not a speed test (that is make bench): it catches the dependency change that would cost the time.
-HEAVY = ("vllm", "torch", "mooncake", "pydantic")
+def _typer_uses_pydantic() -> bool:
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("typer")) >= Version("0.26")
+
+
+# Not a speed test (that is make bench): it catches an import that would cost the time. pydantic
+# (~0.1 s) counts only with a Typer < 0.26, which does not import it to coerce options itself.
+HEAVY = ("vllm", "torch", "mooncake") + (() if _typer_uses_pydantic() else ("pydantic",))
 PROBE = """
 import atexit, sys
 atexit.register(lambda: print("HEAVY=" + ",".join(sorted({m.split('.')[0] for m in sys.modules
@@ -194,3 +202,13 @@ def test_cli_never_imports_heavy_packages(args: list[str], code: int) -> None:
     proc = subprocess.run([sys.executable, "-c", PROBE % (HEAVY, args)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == code, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_python_api_imports_no_cli_or_heavy_package() -> None:
+    """A trainer's `kvctl.hard_reset()` pays for neither the CLI (typer, rich, pydantic) nor vLLM."""
+    code = ("import sys, kvctl; kvctl.hard_reset(['http://127.0.0.1:9'], retries=0, timeout=1); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'typer', 'rich', 'pydantic', 'vllm', 'torch', 'mooncake'}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -3,7 +3,11 @@
 A run lives in its own folder (default `<user state dir>/kvctl/runs/NAME`; override with
 KVCTL_STATE_DIR or --state-dir) holding run.json, the rendered config bundle and every log.
 run.json is rewritten atomically after each change, so a crash mid-start still leaves a record
-that `kvctl stop` can act on.
+that `kvctl stop` can act on. When a name is reused, the earlier run's files move to
+`NAME/previous/<its start time>/`; nothing is deleted except by `kvctl rm`.
+
+Liveness is read from the processes themselves (pid AND start time), never from the recorded
+state alone: a run recorded running whose processes are all gone is listed as `exited`.
 """
 
 from __future__ import annotations
@@ -11,17 +15,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvctl.errors import UsageError
-from kvctl.procs import ProcessRef
+from kvctl.procs import ProcessRef, is_ours
 
 STATE_DIR_ENV = "KVCTL_STATE_DIR"
 RUN_FILE = "run.json"
+PREVIOUS = "previous"  # NAME/previous/<start time>/: the files of earlier runs under the same name
+LIVE_STATES = ("starting", "running")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -63,6 +72,9 @@ class RunRecord:
     cache_prefix: str | None = None
     kvctl_version: str = ""
     error: str | None = None
+    # The kvctl process starting the run, or serving it in the foreground: it writes run.json until it
+    # exits, so the folder is not reused or removed while it lives. Never signalled (not in processes()).
+    supervisor: ProcessRef | None = None
 
     @property
     def path(self) -> Path:
@@ -82,7 +94,8 @@ class RunRecord:
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
         master = data.get("master")
         return cls(
-            **{k: v for k, v in data.items() if k not in ("master", "replicas")},
+            **{k: v for k, v in data.items() if k not in ("master", "replicas", "supervisor")},
+            supervisor=_ref(data.get("supervisor")),
             master=None if master is None else MasterRecord(
                 **{**master, "process": _ref(master.get("process"))}),
             replicas=[ReplicaRecord(**{**r, "process": _ref(r.get("process"))}) for r in data.get("replicas", [])],
@@ -99,6 +112,17 @@ class RunRecord:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def create(self) -> None:
+        """Write run.json only if there is none: FileExistsError when another start claimed the name first."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".run.", suffix=".json", dir=self.path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(self.to_dict(), fh, indent=2)
+            os.link(tmp, self.path / RUN_FILE)  # a complete file or none: link fails if the name exists
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _ref(data: dict[str, Any] | None) -> ProcessRef | None:
@@ -133,26 +157,36 @@ def new_name() -> str:
 
 def load(name: str, override: str | Path | None = None) -> RunRecord:
     check_name(name)
-    path = runs_dir(override) / name / RUN_FILE
-    if not path.is_file():
+    record = read(runs_dir(override) / name)
+    if record is None:
         known = ", ".join(r.name for r in list_runs(override)) or "none"
-        raise UsageError(f"no run named '{name}' in {runs_dir(override)}", f"known runs: {known} (kvctl status)")
+        raise UsageError(f"no run named '{name}' in {runs_dir(override)}", f"known runs: {known} (kvctl runs)")
+    return record
+
+
+def read(folder: Path) -> RunRecord | None:
+    """The record in a run folder; None when it has none."""
+    path = folder / RUN_FILE
+    if not path.is_file():
+        return None
     try:
         return RunRecord.from_dict(json.loads(path.read_text("utf-8")))
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"{path}: not a kvctl run record ({exc})", "remove that folder if it is left over") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise UsageError(f"{path}: not a kvctl run record ({exc})",
+                         f"kvctl rm --force {folder.name} removes that folder") from None
 
 
 def list_runs(override: str | Path | None = None) -> list[RunRecord]:
+    """The readable run records, by name."""
     base = runs_dir(override)
-    if not base.is_dir():
-        return []
     out = []
-    for path in sorted(base.glob(f"*/{RUN_FILE}")):
+    for path in sorted(base.glob(f"*/{RUN_FILE}")) if base.is_dir() else ():
         try:
-            out.append(RunRecord.from_dict(json.loads(path.read_text("utf-8"))))
-        except (ValueError, TypeError, KeyError):
+            record = read(path.parent)
+        except UsageError:
             continue
+        if record is not None:
+            out.append(record)
     return out
 
 
@@ -160,9 +194,154 @@ def resolve(name: str | None, override: str | Path | None = None) -> RunRecord:
     """The named run, or the only live one when no name is given."""
     if name:
         return load(name, override)
-    live = [r for r in list_runs(override) if r.state in ("starting", "running")]
+    live = [r for r in list_runs(override) if r.state in LIVE_STATES]
     if len(live) == 1:
         return live[0]
     if not live:
         raise UsageError("no running kvctl run found", "start one with kvctl serve, or pass --run NAME")
     raise UsageError("several runs are live: " + ", ".join(r.name for r in live), "pass --run NAME")
+
+
+# -- liveness and the listing (kvctl runs) -------------------------------------------------------
+def live_processes(record: RunRecord) -> list[ProcessRef]:
+    """What of the run still lives: the processes it started and its supervisor (pid AND start time
+    match). Non-empty means live: its folder is neither reused nor removed."""
+    refs = record.processes() + ([record.supervisor] if record.supervisor is not None else [])
+    return [ref for ref in refs if is_ours(ref)]
+
+
+def describe(refs: list[ProcessRef]) -> str:
+    return ", ".join(f"{ref.name} (pid {ref.pid})" for ref in refs)
+
+
+@dataclass
+class RunSummary:
+    """One line of `kvctl runs`."""
+
+    name: str
+    state: str  # as recorded, except "exited" (recorded starting/running, nothing alive) and "unreadable"
+    dir: str
+    recorded_state: str | None = None
+    created: float | None = None
+    age_s: float | None = None
+    model: str | None = None
+    template: str | None = None
+    cache_prefix: str | None = None
+    master: dict[str, Any] | None = None  # embedded, rpc_address, admin_address, alive
+    replicas: list[dict[str, Any]] = field(default_factory=list)  # name, url, alive
+    live: list[dict[str, Any]] = field(default_factory=list)  # name, pid: what still runs, supervisor included
+    previous: list[str] = field(default_factory=list)  # folders of earlier runs under this name
+    error: str | None = None
+
+    @property
+    def replicas_live(self) -> int:
+        return sum(1 for r in self.replicas if r["alive"])
+
+    @property
+    def age(self) -> str:
+        return "?" if self.age_s is None else human_age(self.age_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "age": self.age, "replicas_live": self.replicas_live}
+
+
+def summarize(record: RunRecord, folder: Path, now: float | None = None) -> RunSummary:
+    """The run as `kvctl runs` shows it; its name is its folder's (what --run and rm take)."""
+    live = live_processes(record)
+    state = record.state
+    if state in LIVE_STATES and not live:
+        state = "exited"  # crashed, killed outside kvctl, or the machine restarted: nothing to stop
+    m = record.master
+    return RunSummary(
+        name=folder.name, state=state, dir=str(folder), recorded_state=record.state, created=record.created,
+        age_s=max(0.0, (time.time() if now is None else now) - record.created), model=record.model,
+        template=record.template, cache_prefix=record.cache_prefix,
+        master=None if m is None else {"embedded": m.embedded, "rpc_address": m.rpc_address,
+                                       "admin_address": m.admin_address,
+                                       "alive": m.process in live if m.process is not None else None},
+        replicas=[{"name": r.name, "url": r.url, "alive": r.process is not None and r.process in live}
+                  for r in record.replicas],
+        live=[{"name": ref.name, "pid": ref.pid} for ref in live],
+        previous=[str(p) for p in previous_runs(folder)], error=record.error,
+    )
+
+
+def summaries(override: str | Path | None = None, now: float | None = None) -> list[RunSummary]:
+    """Every run folder in the state dir, newest first; a folder whose run.json is unreadable too."""
+    base = runs_dir(override)
+    out = []
+    for path in base.glob(f"*/{RUN_FILE}") if base.is_dir() else ():
+        try:
+            record = read(path.parent)
+        except UsageError as exc:
+            out.append(RunSummary(path.parent.name, "unreadable", str(path.parent), error=exc.message))
+            continue
+        if record is not None:
+            out.append(summarize(record, path.parent, now))
+    return sorted(out, key=lambda s: (-(s.created or 0.0), s.name))
+
+
+def human_age(seconds: float) -> str:
+    """45 -> '45s', 200 -> '3m', 7300 -> '2h', 5 days -> '5d' (whole units, rounded down)."""
+    whole = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if whole >= size:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+# -- the run folder: reuse and removal ------------------------------------------------------------
+@contextmanager
+def locked(base: Path) -> Iterator[None]:
+    """One claim or removal of a run folder at a time in a state dir (flock on the runs folder)."""
+    import fcntl
+
+    base.mkdir(parents=True, exist_ok=True)
+    fd = os.open(base, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def run_folder(base: Path, name: str) -> Path:
+    """base/NAME, refused when it is a link or not a folder: kvctl moves and removes only inside runs/."""
+    path = base / check_name(name)
+    if path.is_symlink() or (path.exists() and (not path.is_dir() or path.resolve().parent != base.resolve())):
+        raise UsageError(f"{path} is not a run folder (a link or a file)",
+                         f"kvctl reuses and removes only folders inside {base}; move that entry away yourself")
+    return path
+
+
+def archive(folder: Path, stamp: str) -> Path | None:
+    """Move everything in a run folder except earlier archives into previous/<stamp>/ (renames on one
+    filesystem: nothing is copied or lost). None when there was nothing to move."""
+    if not folder.is_dir():
+        return None
+    entries = sorted((p for p in folder.iterdir() if p.name != PREVIOUS), key=lambda p: p.name == RUN_FILE)
+    if not entries:
+        return None
+    target, n = folder / PREVIOUS / stamp, 1
+    while target.exists():  # two runs started in the same second, or an interrupted earlier move
+        n += 1
+        target = folder / PREVIOUS / f"{stamp}-{n}"
+    target.mkdir(parents=True)
+    for entry in entries:  # run.json last: an interrupted move still leaves the record to finish it
+        entry.rename(target / entry.name)
+    return target
+
+
+def previous_runs(folder: Path) -> list[Path]:
+    base = folder / PREVIOUS
+    return sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
+
+def remove_folder(path: Path) -> None:
+    """Delete a run folder (links inside it are removed, never followed)."""
+    shutil.rmtree(path)
+
+
+def stamp(created: float | None) -> str:
+    """The archive name of a run: its start time, like new_name()."""
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(created))

@@ -2,7 +2,7 @@
 
 `start_run()` does the error-prone parts in order (ports, configs, env, master, replicas, health)
 and records everything in a run folder as it goes; on any failure, or Ctrl-C, it stops what it
-started before raising. `stop_run()` stops only processes the run started (pid and start time).
+started before raising. Stopping, reusing a run's name and removing a run are in kvctl.lifecycle.
 Nothing here prints: progress goes to an `on_event` callback.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 from kvctl import __version__, cpu_binding, procs, runs
 from kvctl.compat import layout_of
 from kvctl.errors import KvctlError, UsageError
+from kvctl.lifecycle import claim_run, stop_run
 from kvctl.ports import free_port, port_in_use
 from kvctl.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, owned_flags_in, replica_command, \
@@ -49,6 +50,8 @@ class ServeSpec:
     state_dir: str | None = None
     template_path: str | None = None
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT
+    replace: bool = False  # a live run of this name is stopped first (else refused)
+    foreground: bool = False  # the caller supervises the run after start_run returns (kvctl serve without --detach)
     # Not on the CLI; for measuring candidate settings (benchmarks/transfer.py):
     replica_env: list[dict[str, str]] = field(default_factory=list)  # per replica, applied last
     metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the embedded master's)
@@ -62,6 +65,8 @@ def check_spec(spec: ServeSpec) -> None:
         raise UsageError(f"--base-port {spec.base_port} is not a usable port")
     if spec.name is not None:
         runs.check_name(spec.name)
+    elif spec.replace:
+        raise UsageError("--replace needs --name RUN", "name the run to replace, e.g. --name rl --replace")
     try:
         tensor_parallel_size(spec.extra_args)
     except ValueError:
@@ -91,16 +96,13 @@ def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
     install = find_vllm(spec.vllm_python)
     emit("vllm", install=install)
     name = runs.check_name(spec.name or runs.new_name())
-    run_dir = runs.runs_dir(spec.state_dir) / name
-    if (run_dir / runs.RUN_FILE).exists():
-        raise UsageError(f"a run named '{name}' already exists ({run_dir})",
-                         "pick another --name, or remove that folder after kvctl stop --run " + name)
-    ports = _replica_ports(spec)
-    record = RunRecord(name=name, dir=str(run_dir), state="starting", created=time.time(), template=spec.template,
-                       parameters={}, model=spec.model, host=spec.host, vllm=install.to_dict(), master=None,
-                       kvctl_version=__version__)
+    record = RunRecord(name=name, dir=str(runs.runs_dir(spec.state_dir) / name), state="starting",
+                       created=time.time(), template=spec.template, parameters={}, model=spec.model, host=spec.host,
+                       vllm=install.to_dict(), master=None, kvctl_version=__version__)
+    claim_run(record, replace=spec.replace, on_event=emit)  # the folder and its record exist before anything starts
+    run_dir = record.path
     try:
-        record.save()  # the run folder and its record exist before anything starts
+        ports = _replica_ports(spec)
         record.master = _start_master(spec, run_dir, record, emit)
         bundle = _render(spec, install, record, run_dir)
         _start_replicas(spec, install, bundle, ports, record, emit)
@@ -112,6 +114,8 @@ def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
         record.save()
         raise
     record.state = "running"
+    if not spec.foreground:
+        record.supervisor = None  # nobody watches it any more: kvctl stop and rm need not wait for us
     record.save()
     return record
 
@@ -245,25 +249,6 @@ def _wait_healthy(record: RunRecord, timeout: float, emit: Event) -> None:
             if pending:
                 emit("waiting", pending=list(pending), seconds=time.monotonic() - began)
                 time.sleep(0.5)
-
-
-def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = None) -> list[tuple[str, str]]:
-    """Stop every process the run started (replicas, then the master). Safe to call twice; logs stay."""
-    emit = on_event or (lambda *a, **k: None)
-    results = []
-    for ref in record.processes():
-        result = procs.stop(ref, grace)
-        results.append((ref.name, result))
-        emit("stopped", name=ref.name, result=result)
-    if record.state in ("starting", "running"):
-        record.state = "stopped"
-    record.save()
-    return results
-
-
-def run_alive(record: RunRecord) -> list[str]:
-    """Names of the run's processes that are gone (empty: all alive)."""
-    return [ref.name for ref in record.processes() if not procs.is_ours(ref)]
 
 
 def _check_reachable(rpc_address: str, timeout: float = 3.0) -> None:

@@ -122,6 +122,10 @@ class FleetStatus:
 
 
 # -- targets ------------------------------------------------------------------------------------
+class NoTargets(UsageError):
+    """Nothing named and no live run to default to (the CLI lists the runs it knows)."""
+
+
 @dataclass
 class Targets:
     fleet: Fleet
@@ -140,10 +144,15 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
         raise UsageError("give --run NAME or --url/--inventory, not both",
                          "--run reads the replicas and the master from the run record")
     if run is None and not urls and inventory is None and not env.get(URLS_ENV, "").strip():
-        if not any(r.state in ("starting", "running") for r in runs.list_runs(state_dir)):
-            raise UsageError("nothing to show: no --run, --url, --inventory or $" + URLS_ENV +
-                             f", and no live kvctl run in {runs.runs_dir(state_dir)}",
-                             TARGET_HINT + "; or start a fleet with kvctl serve")
+        known = runs.list_runs(state_dir)
+        if not any(r.state in runs.LIVE_STATES for r in known):
+            where = f"no live kvctl run in {runs.runs_dir(state_dir)}"
+            hint = TARGET_HINT + "; or start a fleet with kvctl serve"
+            if known:
+                newest = max(known, key=lambda r: r.created).name
+                hint = (f"kvctl status --run {newest} (any run kvctl runs lists; a stopped one shows its last "
+                        f"record), or pass --url URL (repeatable), --inventory FILE, or set {URLS_ENV}")
+            raise NoTargets(f"nothing to show: no --run, --url, --inventory or ${URLS_ENV}, and {where}", hint)
         record = runs.resolve(None, state_dir)  # several live runs: its own error asks for --run
         return Targets(_fleet_of(record, master), record)
     if run is not None:

@@ -196,6 +196,7 @@ run()
     (["compat", "check", "--vllm-version", "0.23.0"], 0), (["compat", "matrix"], 0), (["reset", "--help"], 0),
     (["reset", "--url", "http://127.0.0.1:9", "--retries", "0", "--connector"], 1),
     (["status", "--help"], 0), (["status", "--url", "http://127.0.0.1:9", "--timeout", "1"], 1),
+    (["runs"], 0), (["rm", "--help"], 0),
     (["doctor", "--help"], 0), (["doctor"], 1),  # no vLLM in kvctl's own venv: doctor reports a failure
 ])
 def test_cli_never_imports_heavy_packages(args: list[str], code: int) -> None:

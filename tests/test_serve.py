@@ -225,6 +225,57 @@ def test_foreground_sigterm_stops_everything(tmp_path: Path, mooncake: None) -> 
     assert runs.load("fg", tmp_path / "state").state == "stopped"
 
 
+def test_stop_returns_once_a_foreground_serve_has_exited_so_rm_can_follow(cli, tmp_path: Path, mooncake: None) -> None:
+    """A foreground kvctl serve supervises its run (and writes run.json once more when it sees its processes
+    gone): rm refuses it while it lives, kvctl stop waits for it, and rm right after stop removes the run for good."""
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl", *serve_args(tmp_path, "fg")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        record = _wait_state(state, "fg", "running")
+        assert record.supervisor is not None and record.supervisor.pid == proc.pid
+        refused = cli("rm", "fg", "--state-dir", str(state))
+        assert refused.exit_code == 2 and f"kvctl serve (pid {proc.pid})" in refused.stderr
+        assert cli("stop", "--run", "fg", "--state-dir", str(state)).exit_code == 0
+        assert proc.poll() is not None  # stop returned after the foreground serve had exited
+        assert gone(record)
+        assert cli("rm", "fg", "--state-dir", str(state)).exit_code == 0
+        time.sleep(1.5)
+        assert not (state / "runs" / "fg").exists()  # nobody wrote the record back
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_a_name_is_reused_after_stop_and_taken_over_with_replace(cli, tmp_path: Path, mooncake: None) -> None:
+    state = tmp_path / "state"
+    assert cli(*serve_args(tmp_path, "re", "--detach")).exit_code == 0
+    first = runs.load("re", state)
+    try:
+        refused = cli(*serve_args(tmp_path, "re", "--detach"))
+        assert refused.exit_code == 2 and "run 're' is still running" in refused.stderr
+        assert all(procs.is_ours(p) for p in first.processes())
+
+        replaced = cli(*serve_args(tmp_path, "re", "--detach", "--replace"))
+        assert replaced.exit_code == 0, replaced.stderr
+        second = runs.load("re", state)
+        assert gone(first) and all(procs.is_ours(p) for p in second.processes())
+        assert second.state == "running" and second.supervisor is None and second.created > first.created
+        [kept] = runs.previous_runs(Path(second.dir))
+        assert (kept / "logs" / "r0.log").is_file() and (kept / "logs" / "mooncake_master.log").is_file()
+
+        assert cli("stop", "--run", "re", "--state-dir", str(state)).exit_code == 0
+        again = cli(*serve_args(tmp_path, "re", "--detach"))  # stopped: reused without a flag
+        assert again.exit_code == 0, again.stderr
+        assert "reusing the name re" in again.stderr and len(runs.previous_runs(Path(second.dir))) == 2
+        listed = json.loads(cli("runs", "--state-dir", str(state), "--json").stdout)["runs"]
+        assert [(r["name"], r["state"], r["replicas_live"]) for r in listed] == [("re", "running", 1)]
+    finally:
+        cli("stop", "--run", "re", "--state-dir", str(state))
+    assert gone(runs.load("re", state))
+
+
 def test_foreground_replica_crash_stops_the_rest(tmp_path: Path, mooncake: None) -> None:
     env = {**os.environ, "FAKE_VLLM_CRASH_AFTER": "3"}
     proc = subprocess.run([sys.executable, "-m", "kvctl", *serve_args(tmp_path, "crash")], env=env,

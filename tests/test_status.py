@@ -257,8 +257,10 @@ def test_cli_run_record_of_a_stopped_run(cli, doubles: DoubleFleet, tmp_path: Pa
     down = doubles.add(VllmDouble(faults=Faults(refuse=True)))
     gone = ProcessRef(os.getpid(), 1.0, "replica r0")
     write_run(tmp_path, "old", [down], None, [gone, gone], state_word="stopped")
-    # a stopped run is not "live": without --run there is nothing to show
-    assert cli("status", "--state-dir", str(tmp_path)).exit_code == 2
+    # a stopped run is not "live": without --run there is nothing to show, but the runs it knows are listed
+    nothing = cli("status", "--state-dir", str(tmp_path))
+    assert nothing.exit_code == 2 and "kvctl status --run old" in nothing.stderr
+    assert "runs in" in nothing.stdout and "│ old " in nothing.stdout and "stopped" in nothing.stdout
     result = cli("status", "--run", "old", "--state-dir", str(tmp_path), "--timeout", "2")
     assert result.exit_code == 1
     assert "run old: stopped" in result.stdout and "down" in result.stdout

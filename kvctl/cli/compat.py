@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
+from kvctl.cli.completion import template_names
 from kvctl.cli.options import JsonOpt, TemplatePathOpt, TimeoutOpt, UrlOpt, VllmVersionOpt
 from kvctl.errors import UsageError
 
@@ -25,7 +26,7 @@ class Requirement(str, Enum):
 def check(
     vllm_version: VllmVersionOpt = None,
     url: UrlOpt = None,
-    template: Annotated[Optional[str], typer.Option("--template", metavar="NAME",
+    template: Annotated[Optional[str], typer.Option("--template", metavar="NAME", autocompletion=template_names,
                         help="Connector layout from a template (default: mooncake-store).")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE",
                       help="Connector layout from a kv_transfer_config, verl config or --out bundle.")] = None,

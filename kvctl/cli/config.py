@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
-from kvctl.cli.options import FileArg, JsonOpt, SetOpt, TemplatePathOpt, VllmVersionOpt
+from kvctl.cli.options import TemplateArg, FileArg, JsonOpt, SetOpt, TemplatePathOpt, VllmVersionOpt
 
 app = typer.Typer(help="Render and check kv_transfer_config, mooncake.json and server env from templates.",
                   no_args_is_help=True)
@@ -49,7 +49,7 @@ def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = Fa
 @app.command("show")
 @handle_errors
 def show_template(
-    name: Annotated[str, typer.Argument(help="Template name (see: kvctl config list).")],
+    name: TemplateArg,
     template_path: TemplatePathOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -83,7 +83,7 @@ def show_template(
 @app.command("render")
 @handle_errors
 def render(
-    name: Annotated[str, typer.Argument(help="Template name (see: kvctl config list).")],
+    name: TemplateArg,
     set_: SetOpt = None,
     vllm_version: VllmVersionOpt = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="What to print.")] = Format.verl,

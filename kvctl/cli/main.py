@@ -12,6 +12,7 @@ from kvctl.cli import compat, config
 from kvctl.cli.reset import reset
 from kvctl.cli.doctor import doctor
 from kvctl.cli.probe import probe
+from kvctl.cli.runs import rm, runs_list
 from kvctl.cli.serve import serve, stop
 from kvctl.cli.status import status
 
@@ -20,7 +21,7 @@ app = typer.Typer(
     help="Configure, check and hard-reset vLLM servers that offload KV cache to Mooncake.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, powershell)
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(config.app, name="config")
@@ -29,6 +30,8 @@ app.command("reset")(reset)
 app.command("probe")(probe)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
 app.command("stop")(stop)
+app.command("runs")(runs_list)
+app.command("rm")(rm)
 app.command("status")(status)
 app.command("doctor")(doctor)
 
@@ -54,4 +57,4 @@ def main(
 
 
 def run() -> None:
-    app()
+    app(prog_name="kvctl")  # also under `python -m kvctl`: completion scripts are keyed on the name

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvctl.cli.completion import run_names, template_names
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 VllmVersionOpt = Annotated[
     Optional[str],
@@ -41,10 +43,21 @@ MasterOpt = Annotated[
 ]
 MasterRpcOpt = Annotated[
     Optional[str],
-    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl[mooncake])."),
+    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl\\[mooncake])."),
 ]
 RunOpt = Annotated[
-    Optional[str], typer.Option("--run", metavar="NAME", help="A fleet started by kvctl serve (see: kvctl status)."),
+    Optional[str],
+    typer.Option("--run", metavar="NAME", autocompletion=run_names,
+                 help="A fleet started by kvctl serve (see: kvctl runs)."),
+]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", autocompletion=run_names, show_default=False,
+                                       help="A run's name (see: kvctl runs).")]
+TemplateArg = Annotated[str, typer.Argument(metavar="NAME", autocompletion=template_names, show_default=False,
+                                            help="Template name (see: kvctl config list).")]
+TemplateOpt = Annotated[
+    Optional[str],
+    typer.Option("--template", metavar="NAME", autocompletion=template_names,
+                 help="Config template (see: kvctl config list)."),
 ]
 StateDirOpt = Annotated[
     Optional[str],

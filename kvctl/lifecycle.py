@@ -1,0 +1,179 @@
+"""A run's life after `kvctl serve`: stop it, reuse its name, remove its folder.
+
+`stop_run()` stops only processes the run started (pid and start time). `claim_run()` gives a
+new run its folder, keeping an earlier run's files under NAME/previous/, and `remove_runs()`
+deletes folders; neither touches a run with anything alive (kvctl.runs.live_processes). Nothing
+here prints: progress goes to an `on_event` callback.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvctl import procs, runs
+from kvctl.errors import KvctlError, UsageError
+from kvctl.runs import RunRecord
+
+Event = Callable[..., None]
+SETTLE_TIMEOUT = 15.0  # for a foreground kvctl serve to notice its processes are gone and exit
+
+
+def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = None) -> list[tuple[str, str]]:
+    """Stop every process the run started (replicas, then the master). Safe to call twice; logs stay."""
+    emit = on_event or (lambda *a, **k: None)
+    results = []
+    for ref in record.processes():
+        result = procs.stop(ref, grace)
+        results.append((ref.name, result))
+        emit("stopped", name=ref.name, result=result)
+    if record.state in runs.LIVE_STATES:
+        record.state = "stopped"
+    if record.supervisor is not None and record.supervisor.pid == os.getpid():
+        record.supervisor = None  # we were supervising it: done
+    record.save()
+    return results
+
+
+def stop_and_settle(record: RunRecord, grace: float = 10.0, on_event: Event | None = None,
+                    timeout: float = SETTLE_TIMEOUT) -> list[tuple[str, str]]:
+    """stop_run, then wait for the run's supervisor (a foreground kvctl serve) to exit: it sees its
+    processes gone and writes run.json a last time, so the folder is quiet before it is reused or
+    removed. What it recorded meanwhile (a replica started after we read the record) is stopped too."""
+    results = stop_run(record, grace, on_event)
+    supervisor = record.supervisor
+    if supervisor is None or supervisor.pid == os.getpid() or not procs.is_ours(supervisor):
+        return results
+    deadline = time.monotonic() + timeout
+    while procs.is_ours(supervisor) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        fresh = runs.read(record.path)
+    except UsageError:
+        return results
+    done = set(record.processes())
+    for ref in fresh.processes() if fresh is not None and fresh.created == record.created else []:
+        if ref not in done:
+            result = procs.stop(ref, grace)
+            results.append((ref.name, result))
+            if on_event is not None:
+                on_event("stopped", name=ref.name, result=result)
+    return results
+
+
+def run_alive(record: RunRecord) -> list[str]:
+    """Names of the run's processes that are gone (empty: all alive)."""
+    return [ref.name for ref in record.processes() if not procs.is_ours(ref)]
+
+
+def claim_run(record: RunRecord, *, replace: bool = False, grace: float = 10.0,
+              on_event: Event | None = None) -> Path | None:
+    """Make record.dir the new run's folder and write its run.json (state starting, this process as its
+    supervisor) before anything starts. A name never used gets a new folder. A run of that name with
+    nothing alive (stopped, failed, exited) is kept: its files move to NAME/previous/<its start time>/,
+    which this returns. A live run is refused; with `replace` it is stopped first (only the processes
+    it started)."""
+    emit = on_event or (lambda *a, **k: None)
+    folder = runs.run_folder(record.path.parent, record.name)
+    old = runs.read(folder)
+    live = runs.live_processes(old) if old is not None else []
+    if live and not replace:
+        raise UsageError(f"run '{record.name}' is still running: {runs.describe(live)}",
+                         f"stop it first (kvctl stop --run {record.name}), pass --replace to stop it and start "
+                         "again under that name (its logs are kept), or pick another --name")
+    if live:
+        assert old is not None
+        if old.state == "starting" and old.supervisor in live:
+            raise UsageError(f"run '{record.name}' is still being started by kvctl serve (pid {old.supervisor.pid})",
+                             "wait until it is up and try again, or interrupt that kvctl serve (Ctrl-C)")
+        emit("replacing", run=old)
+        stop_and_settle(old, grace, emit)
+    with runs.locked(folder.parent):  # another start or kvctl rm may act on this name meanwhile
+        old = runs.read(folder)
+        live = runs.live_processes(old) if old is not None else []
+        if live:
+            raise KvctlError(f"run '{record.name}' still has live processes: {runs.describe(live)}",
+                             f"kvctl stop --run {record.name}, then try again")
+        previous = runs.archive(folder, runs.stamp(old.created if old is not None else None))
+        record.supervisor = _this_process()
+        try:
+            record.create()
+        except FileExistsError:
+            raise UsageError(f"another kvctl serve claimed the name '{record.name}' just now",
+                             "pick another --name") from None
+    if previous is not None:
+        emit("archived", name=record.name, previous=previous)
+    return previous
+
+
+@dataclass
+class Removed:
+    name: str
+    dir: str
+    state: str  # as listed just before: stopped, failed, exited, unreadable (or running with force)
+    stopped: list[tuple[str, str]] = field(default_factory=list)  # with force: what was stopped first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dir": self.dir, "state": self.state,
+                "stopped": [{"process": n, "result": r} for n, r in self.stopped]}
+
+
+def remove_runs(names: list[str], state_dir: str | Path | None = None, *, force: bool = False,
+                grace: float = 10.0, on_event: Event | None = None) -> list[Removed]:
+    """Delete the folders of runs that have nothing alive (logs, config, earlier runs under the name).
+    All or nothing: an unknown name or a live run (unless `force`, which stops it first) removes none."""
+    names = list(dict.fromkeys(names))
+    base = runs.runs_dir(state_dir)
+    folders = {name: runs.run_folder(base, name) for name in names}
+    unknown = [n for n, f in folders.items() if not (f / runs.RUN_FILE).is_file()]
+    if unknown:
+        known = ", ".join(r.name for r in runs.summaries(state_dir)) or "none"
+        raise UsageError(f"no run named {', '.join(unknown)} in {base}", f"known runs: {known} (kvctl runs)")
+    found = {name: _summary_or_none(f) for name, f in folders.items()}
+    refused = [n for n, s in found.items() if s is None or s.live]
+    if refused and not force:
+        stops = " and ".join(f"kvctl stop --run {n}" for n in refused if found[n] is not None)
+        raise UsageError("; ".join(_refusal(n, found[n]) for n in refused),
+                         (f"{stops} first, or " if stops else "") + f"kvctl rm --force {' '.join(names)}"
+                         + (" (stops, then removes)" if stops else ""))
+    removed = []
+    for name, summary in found.items():
+        stopped = stop_and_settle(runs.load(name, state_dir), grace, on_event) if summary and summary.live else []
+        removed.append(Removed(name, str(folders[name]), summary.state if summary else "unreadable", stopped))
+    with runs.locked(base):
+        for item in removed:  # a kvctl serve may have reused the name since we looked
+            record = _record_or_none(folders[item.name])
+            live = runs.live_processes(record) if record is not None else []
+            if live:
+                raise KvctlError(f"run '{item.name}' is running again: {runs.describe(live)}",
+                                 f"kvctl stop --run {item.name}, then kvctl rm {item.name}")
+        for item in removed:
+            runs.remove_folder(folders[item.name])
+    return removed
+
+
+def _summary_or_none(folder: Path) -> runs.RunSummary | None:
+    record = _record_or_none(folder)
+    return None if record is None else runs.summarize(record, folder)
+
+
+def _record_or_none(folder: Path) -> RunRecord | None:
+    try:
+        return runs.read(folder)
+    except UsageError:  # unreadable: which processes it started cannot be known
+        return None
+
+
+def _refusal(name: str, summary: runs.RunSummary | None) -> str:
+    if summary is None:
+        return f"{name}: its run.json is unreadable, so kvctl cannot tell whether it still runs"
+    return f"run '{name}' is still running: " + ", ".join(f"{p['name']} (pid {p['pid']})" for p in summary.live)
+
+
+def _this_process() -> procs.ProcessRef:
+    pid = os.getpid()
+    return procs.ProcessRef(pid, procs.start_time_of(pid) or time.time(), "kvctl serve")

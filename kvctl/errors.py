@@ -19,6 +19,10 @@ class KvctlError(Exception):
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  fix: {self.hint}"
 
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        # pickled with its hint (a Ray actor's error reaches kvctl pickled)
+        return (self.__class__, (self.message, self.hint))
+
 
 class UsageError(KvctlError):
     """Bad input from the user: unknown template, bad --set, unparsable version or file."""

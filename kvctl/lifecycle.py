@@ -2,8 +2,9 @@
 
 `stop_run()` stops only processes the run started (pid and start time). `claim_run()` gives a
 new run its folder, keeping an earlier run's files under NAME/previous/, and `remove_runs()`
-deletes folders; neither touches a run with anything alive (kvctl.runs.live_processes). Nothing
-here prints: progress goes to an `on_event` callback.
+deletes folders; neither touches a run with anything alive (kvctl.runs.live_processes). A run on a
+Ray cluster (`kvctl serve --ray`) is stopped and checked through its actors (kvctl.ray_fleet, which
+imports Ray only for such a run). Nothing here prints: progress goes to an `on_event` callback.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvctl import procs, runs
 from kvctl.errors import KvctlError, UsageError
-from kvctl.runs import RunRecord
+from kvctl.runs import Removed, RunRecord
 
 Event = Callable[..., None]
 SETTLE_TIMEOUT = 15.0  # for a foreground kvctl serve to notice its processes are gone and exit
@@ -27,7 +26,11 @@ def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = No
     """Stop every process the run started (replicas, then the master). Safe to call twice; logs stay."""
     emit = on_event or (lambda *a, **k: None)
     results = []
-    for ref in record.processes():
+    if record.ray is not None:  # each actor stops its process, then the actors are killed
+        from kvctl import ray_fleet
+
+        results = ray_fleet.stop_processes(record, grace, emit)
+    for ref in record.processes() if record.ray is None else []:
         result = procs.stop(ref, grace)
         results.append((ref.name, result))
         emit("stopped", name=ref.name, result=result)
@@ -35,8 +38,26 @@ def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = No
         record.state = "stopped"
     if record.supervisor is not None and record.supervisor.pid == os.getpid():
         record.supervisor = None  # we were supervising it: done
-    record.save()
+    _save(record)
     return results
+
+
+def liveness(record: RunRecord) -> Callable[[procs.ProcessRef], bool]:
+    """How to tell whether a process of the run lives: pid and start time here; a Ray run's actors answer."""
+    if record.ray is None:
+        return procs.is_ours
+    from kvctl import ray_fleet
+
+    return ray_fleet.liveness(record)
+
+
+def _save(record: RunRecord) -> None:
+    if record.ray is None:
+        record.save()
+        return
+    from kvctl import ray_fleet
+
+    ray_fleet.save(record)  # the local folder (if this machine has it) and the cluster's copy
 
 
 def stop_and_settle(record: RunRecord, grace: float = 10.0, on_event: Event | None = None,
@@ -56,7 +77,15 @@ def stop_and_settle(record: RunRecord, grace: float = 10.0, on_event: Event | No
     except UsageError:
         return results
     done = set(record.processes())
-    for ref in fresh.processes() if fresh is not None and fresh.created == record.created else []:
+    if fresh is None or fresh.created != record.created:
+        return results
+    if fresh.ray is not None:  # its processes are the actors' to stop, wherever they run
+        if set(fresh.processes()) - done:
+            from kvctl import ray_fleet
+
+            results += ray_fleet.stop_processes(fresh, grace, on_event)
+        return results
+    for ref in fresh.processes():
         if ref not in done:
             result = procs.stop(ref, grace)
             results.append((ref.name, result))
@@ -67,7 +96,8 @@ def stop_and_settle(record: RunRecord, grace: float = 10.0, on_event: Event | No
 
 def run_alive(record: RunRecord) -> list[str]:
     """Names of the run's processes that are gone (empty: all alive)."""
-    return [ref.name for ref in record.processes() if not procs.is_ours(ref)]
+    alive = liveness(record)
+    return [ref.name for ref in record.processes() if not alive(ref)]
 
 
 def claim_run(record: RunRecord, *, replace: bool = False, grace: float = 10.0,
@@ -80,7 +110,7 @@ def claim_run(record: RunRecord, *, replace: bool = False, grace: float = 10.0,
     emit = on_event or (lambda *a, **k: None)
     folder = runs.run_folder(record.path.parent, record.name)
     old = runs.read(folder)
-    live = runs.live_processes(old) if old is not None else []
+    live = runs.live_processes(old, liveness(old)) if old is not None else []
     if live and not replace:
         raise UsageError(f"run '{record.name}' is still running: {runs.describe(live)}",
                          f"stop it first (kvctl stop --run {record.name}), pass --replace to stop it and start "
@@ -94,7 +124,7 @@ def claim_run(record: RunRecord, *, replace: bool = False, grace: float = 10.0,
         stop_and_settle(old, grace, emit)
     with runs.locked(folder.parent):  # another start or kvctl rm may act on this name meanwhile
         old = runs.read(folder)
-        live = runs.live_processes(old) if old is not None else []
+        live = runs.live_processes(old, liveness(old)) if old is not None else []
         if live:
             raise KvctlError(f"run '{record.name}' still has live processes: {runs.describe(live)}",
                              f"kvctl stop --run {record.name}, then try again")
@@ -108,18 +138,6 @@ def claim_run(record: RunRecord, *, replace: bool = False, grace: float = 10.0,
     if previous is not None:
         emit("archived", name=record.name, previous=previous)
     return previous
-
-
-@dataclass
-class Removed:
-    name: str
-    dir: str
-    state: str  # as listed just before: stopped, failed, exited, unreadable (or running with force)
-    stopped: list[tuple[str, str]] = field(default_factory=list)  # with force: what was stopped first
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dir": self.dir, "state": self.state,
-                "stopped": [{"process": n, "result": r} for n, r in self.stopped]}
 
 
 def remove_runs(names: list[str], state_dir: str | Path | None = None, *, force: bool = False,
@@ -145,20 +163,26 @@ def remove_runs(names: list[str], state_dir: str | Path | None = None, *, force:
         stopped = stop_and_settle(runs.load(name, state_dir), grace, on_event) if summary and summary.live else []
         removed.append(Removed(name, str(folders[name]), summary.state if summary else "unreadable", stopped))
     with runs.locked(base):
+        records = {item.name: _record_or_none(folders[item.name]) for item in removed}
         for item in removed:  # a kvctl serve may have reused the name since we looked
-            record = _record_or_none(folders[item.name])
-            live = runs.live_processes(record) if record is not None else []
+            record = records[item.name]
+            live = runs.live_processes(record, liveness(record)) if record is not None else []
             if live:
                 raise KvctlError(f"run '{item.name}' is running again: {runs.describe(live)}",
                                  f"kvctl stop --run {item.name}, then kvctl rm {item.name}")
         for item in removed:
             runs.remove_folder(folders[item.name])
+    for record in records.values():  # a Ray run's record in its cluster goes too
+        if record is not None and record.ray is not None:
+            from kvctl import ray_fleet
+
+            ray_fleet.forget(record)
     return removed
 
 
 def _summary_or_none(folder: Path) -> runs.RunSummary | None:
     record = _record_or_none(folder)
-    return None if record is None else runs.summarize(record, folder)
+    return None if record is None else runs.summarize(record, folder, alive=liveness(record))
 
 
 def _record_or_none(folder: Path) -> RunRecord | None:

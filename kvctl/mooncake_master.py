@@ -353,7 +353,8 @@ class MasterProcess:
     def __init__(self, *, host: str = LOOPBACK, rpc_port: int | None = None,
                  metrics_port: int | None = None, log_path: str | os.PathLike[str] | None = None,
                  default_kv_lease_ttl: str | int | None = None, extra_args: Sequence[str] = (),
-                 executable: str | None = None, env: dict[str, str] | None = None) -> None:
+                 executable: str | None = None, env: dict[str, str] | None = None,
+                 die_with_parent: bool = False) -> None:
         self.host = host
         self.rpc_port = rpc_port
         self.metrics_port = metrics_port
@@ -363,6 +364,7 @@ class MasterProcess:
         self.extra_args = list(extra_args)
         self.executable = executable
         self.env = env
+        self.die_with_parent = die_with_parent  # SIGTERM when the starting process dies (a Ray actor's master)
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="mooncake_master-", suffix=".log")
             os.close(fd)
@@ -470,7 +472,8 @@ class MasterProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         try:
             self._proc = procs.popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                                     stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                                     preexec_fn=procs.parent_death_signal() if self.die_with_parent else None)
         except OSError as exc:
             self._log.close()
             self._log = None

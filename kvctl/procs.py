@@ -10,12 +10,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 START_TIME_TOLERANCE = 0.05  # seconds; psutil's create_time is rounded to clock ticks
 StopResult = Literal["stopped", "killed", "not running", "not ours"]
+STOP_RESULTS = ("stopped", "killed", "not running", "not ours")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,32 @@ def spawn(command: list[str], env: dict[str, str], log_path: Path, name: str,
                      env=env, cwd=cwd, start_new_session=True)
     started = start_time_of(proc.pid)
     return proc, ProcessRef(proc.pid, started if started is not None else time.time(), name)
+
+
+def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child receive `sig` when its parent dies (prctl PR_SET_PDEATHSIG,
+    Linux; None elsewhere): a Mooncake master started by a Ray actor ends with the actor, however it
+    dies. libc's prctl is looked up here, in the parent, so the child only calls it between fork and
+    exec. (A vLLM replica needs more: kvctl.ray_actors.KEEPER.)"""
+    import ctypes
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_signal() -> None:
+        if prctl(1, int(sig), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before prctl: the signal would never come
+            os._exit(1)
+
+    return set_signal
 
 
 def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:

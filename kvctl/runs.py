@@ -8,6 +8,11 @@ that `kvctl stop` can act on. When a name is reused, the earlier run's files mov
 
 Liveness is read from the processes themselves (pid AND start time), never from the recorded
 state alone: a run recorded running whose processes are all gone is listed as `exited`.
+
+A run started on a Ray cluster (`kvctl serve --ray`) has the same record, with `ray` set (the
+cluster's address) and each process's node; its processes run on other machines, so whether they
+live is what their Ray actors say (kvctl.ray_fleet.liveness), and the record also lives in the
+cluster's key-value store so any machine that reaches the cluster can find it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +48,8 @@ class ReplicaRecord:
     log: str = ""
     gpu: str | None = None
     cpus: str | None = None  # VLLM_CPU_OMP_THREADS_BIND of a CPU replica (cores, or nobind)
+    node: dict[str, str] | None = None  # Ray run: the node it runs on (id, ip, host); its log is a path there
+    actor: str | None = None  # Ray run: the named actor that supervises it (namespace kvctl)
 
 
 @dataclass
@@ -52,6 +59,8 @@ class MasterRecord:
     admin_address: str | None  # host:port of the admin/metrics HTTP port
     process: ProcessRef | None = None
     log: str | None = None
+    node: dict[str, str] | None = None  # Ray run: as for ReplicaRecord
+    actor: str | None = None
 
 
 @dataclass
@@ -75,6 +84,8 @@ class RunRecord:
     # The kvctl process starting the run, or serving it in the foreground: it writes run.json until it
     # exits, so the folder is not reused or removed while it lives. Never signalled (not in processes()).
     supervisor: ProcessRef | None = None
+    # A run on a Ray cluster: {"address": its GCS address, "namespace": "kvctl"}; None for a local run.
+    ray: dict[str, str] | None = None
 
     @property
     def path(self) -> Path:
@@ -203,11 +214,14 @@ def resolve(name: str | None, override: str | Path | None = None) -> RunRecord:
 
 
 # -- liveness and the listing (kvctl runs) -------------------------------------------------------
-def live_processes(record: RunRecord) -> list[ProcessRef]:
-    """What of the run still lives: the processes it started and its supervisor (pid AND start time
-    match). Non-empty means live: its folder is neither reused nor removed."""
-    refs = record.processes() + ([record.supervisor] if record.supervisor is not None else [])
-    return [ref for ref in refs if is_ours(ref)]
+def live_processes(record: RunRecord, alive: Callable[[ProcessRef], bool] = is_ours) -> list[ProcessRef]:
+    """What of the run still lives: the processes it started (by `alive`: pid AND start time here; a
+    Ray run's are asked of its actors) and its supervisor, a kvctl process on this machine. Non-empty
+    means live: its folder is neither reused nor removed."""
+    live = [ref for ref in record.processes() if alive(ref)]
+    if record.supervisor is not None and is_ours(record.supervisor):
+        live.append(record.supervisor)
+    return live
 
 
 def describe(refs: list[ProcessRef]) -> str:
@@ -232,10 +246,12 @@ class RunSummary:
     live: list[dict[str, Any]] = field(default_factory=list)  # name, pid: what still runs, supervisor included
     previous: list[str] = field(default_factory=list)  # folders of earlier runs under this name
     error: str | None = None
+    ray: str | None = None  # a Ray run: the cluster's address
+    checked: bool = True  # False: a Ray run listed without asking its cluster (state as recorded)
 
     @property
     def replicas_live(self) -> int:
-        return sum(1 for r in self.replicas if r["alive"])
+        return sum(1 for r in self.replicas if r["alive"])  # 0 when not checked (alive None)
 
     @property
     def age(self) -> str:
@@ -245,24 +261,46 @@ class RunSummary:
         return {**asdict(self), "age": self.age, "replicas_live": self.replicas_live}
 
 
-def summarize(record: RunRecord, folder: Path, now: float | None = None) -> RunSummary:
-    """The run as `kvctl runs` shows it; its name is its folder's (what --run and rm take)."""
-    live = live_processes(record)
+@dataclass
+class Removed:
+    """A run kvctl rm removed."""
+
+    name: str
+    dir: str
+    state: str  # as listed just before: stopped, failed, exited, unreadable (or running with force)
+    stopped: list[tuple[str, str]] = field(default_factory=list)  # with force: what was stopped first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dir": self.dir, "state": self.state,
+                "stopped": [{"process": n, "result": r} for n, r in self.stopped]}
+
+
+def summarize(record: RunRecord, folder: Path | None, now: float | None = None,
+              alive: Callable[[ProcessRef], bool] | None = None) -> RunSummary:
+    """The run as `kvctl runs` shows it; its name is its folder's (what --run and rm take), or the
+    record's for a Ray run read from its cluster (folder None). A Ray run is checked only when `alive`
+    is given (kvctl.ray_fleet.liveness asks the cluster); else its recorded state stands and `checked`
+    is False."""
+    checked = record.ray is None or alive is not None
+    live = live_processes(record, alive or is_ours) if checked else []
     state = record.state
-    if state in LIVE_STATES and not live:
+    if state in LIVE_STATES and not live and checked:
         state = "exited"  # crashed, killed outside kvctl, or the machine restarted: nothing to stop
     m = record.master
     return RunSummary(
-        name=folder.name, state=state, dir=str(folder), recorded_state=record.state, created=record.created,
+        name=folder.name if folder else record.name, state=state, dir=str(folder) if folder else record.dir,
+        recorded_state=record.state, created=record.created,
         age_s=max(0.0, (time.time() if now is None else now) - record.created), model=record.model,
         template=record.template, cache_prefix=record.cache_prefix,
         master=None if m is None else {"embedded": m.embedded, "rpc_address": m.rpc_address,
                                        "admin_address": m.admin_address,
-                                       "alive": m.process in live if m.process is not None else None},
-        replicas=[{"name": r.name, "url": r.url, "alive": r.process is not None and r.process in live}
+                                       "alive": m.process in live if m.process is not None and checked else None},
+        replicas=[{"name": r.name, "url": r.url,
+                   "alive": (r.process is not None and r.process in live) if checked else None}
                   for r in record.replicas],
         live=[{"name": ref.name, "pid": ref.pid} for ref in live],
-        previous=[str(p) for p in previous_runs(folder)], error=record.error,
+        previous=[str(p) for p in previous_runs(folder)] if folder else [], error=record.error,
+        ray=record.ray["address"] if record.ray else None, checked=checked,
     )
 
 

@@ -52,6 +52,8 @@ class ServeSpec:
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT
     replace: bool = False  # a live run of this name is stopped first (else refused)
     foreground: bool = False  # the caller supervises the run after start_run returns (kvctl serve without --detach)
+    ray: str | None = None  # a Ray cluster's address (auto: the running one): start the fleet there (kvctl.ray_serve)
+    ray_master_resource: str | None = None  # with ray: the master goes on a node with this custom resource
     # Not on the CLI; for measuring candidate settings (benchmarks/transfer.py):
     replica_env: list[dict[str, str]] = field(default_factory=list)  # per replica, applied last
     metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the embedded master's)
@@ -78,17 +80,24 @@ def check_spec(spec: ServeSpec) -> None:
         raise UsageError(f"{flag} after -- would override what kvctl serve sets (vLLM takes the last one)",
                          f"use kvctl serve's {instead} instead")
     if not is_loopback(spec.host) and not spec.allow_remote_admin:
-        raise UsageError(
-            f"--host {spec.host} would expose the replicas' dev-mode routes (reset, pause, server_info) and the "
-            "master's admin port beyond this machine; they have no authentication (--api-key guards only /v1)",
-            "keep --host 127.0.0.1, or pass --allow-remote-admin on a network you trust",
-        )
+        raise remote_admin_refused(f"--host {spec.host}", "keep --host 127.0.0.1, or pass --allow-remote-admin "
+                                                          "on a network you trust")
     if spec.master != "embedded" and ":" not in spec.master:
         raise UsageError(f"--master {spec.master}: give 'embedded' or the master's RPC address HOST:PORT")
 
 
+def remote_admin_refused(what: str, fix: str) -> UsageError:
+    """Dev-mode routes have no authentication: binding them beyond loopback needs explicit consent."""
+    return UsageError(
+        f"{what} would expose the replicas' dev-mode routes (reset, pause, server_info) and the master's admin "
+        "port beyond this machine; they have no authentication (--api-key guards only /v1)", fix)
+
+
 def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
-    """Start the master (embedded) and the replicas, wait until all are healthy, record the run."""
+    """Start the master (embedded) and the replicas on this machine, wait until all are healthy, record
+    the run. (On a Ray cluster, spec.ray: kvctl.ray_serve.start_ray_run.)"""
+    if spec.ray is not None:
+        raise UsageError("a Ray run is started by kvctl.ray_serve.start_ray_run")
     emit = on_event or (lambda *a, **k: None)
     check_spec(spec)
     if Path(spec.model).expanduser().exists():  # a local folder: absolute, since replicas run elsewhere
@@ -104,7 +113,7 @@ def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
     try:
         ports = _replica_ports(spec)
         record.master = _start_master(spec, run_dir, record, emit)
-        bundle = _render(spec, install, record, run_dir)
+        bundle = render_config(spec, install, record, run_dir)
         _start_replicas(spec, install, bundle, ports, record, emit)
         _wait_healthy(record, spec.health_timeout, emit)
     except BaseException as exc:
@@ -140,7 +149,7 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
     from kvctl.mooncake_master import MasterProcess
 
     if spec.master != "embedded":
-        _check_reachable(spec.master)
+        check_master_reachable(spec.master)
         return MasterRecord(False, spec.master, spec.master_admin)
     emit("master_starting")
     extra: list[str] = []
@@ -163,7 +172,8 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
     return record.master
 
 
-def _render(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_dir: Path) -> Any:
+def render_config(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_dir: Path) -> Any:
+    """Render the template for the run (its master, cache_prefix=<run name>) into run_dir/config."""
     from kvctl import templates
     from kvctl.render import render, write_bundle
 
@@ -251,7 +261,7 @@ def _wait_healthy(record: RunRecord, timeout: float, emit: Event) -> None:
                 time.sleep(0.5)
 
 
-def _check_reachable(rpc_address: str, timeout: float = 3.0) -> None:
+def check_master_reachable(rpc_address: str, timeout: float = 3.0) -> None:
     """Fail fast: vLLM itself waits ~100 s before it gives up on an unreachable master."""
     host, _, port = rpc_address.rpartition(":")
     try:

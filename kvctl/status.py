@@ -20,6 +20,9 @@ from kvctl.http_base import HttpPool, shared_pool
 from kvctl.targets import URLS_ENV, Fleet, Replica, build_fleet, normalize_master
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kvctl.procs import ProcessRef
     from kvctl.runs import RunRecord
 
 DEFAULT_TIMEOUT = 5.0
@@ -61,6 +64,7 @@ class ProcessStatus:
     name: str
     pid: int
     alive: bool  # the very process the run started (pid AND start time match)
+    node: str | None = None  # a Ray run: the IP of the node it runs on
 
 
 @dataclass
@@ -74,6 +78,7 @@ class RunStatus:
     cache_prefix: str | None
     processes: list[ProcessStatus]
     error: str | None = None  # the record's own error (why a start failed)
+    ray: str | None = None  # a Ray run: the cluster's address (its processes run on its nodes)
 
     @property
     def alive(self) -> int:
@@ -134,15 +139,23 @@ class Targets:
 
 def resolve_targets(run: str | None = None, urls: list[str] | None = None, inventory: Path | None = None,
                     master: str | None = None, state_dir: str | Path | None = None,
-                    env: dict[str, str] | None = None) -> Targets:
-    """What `kvctl status` looks at: --run NAME, else --url/--inventory/KVCTL_URLS, else the only
-    live run in the state dir. UsageError (exit 2) when none of them names anything."""
+                    env: dict[str, str] | None = None, ray: str | None = None) -> Targets:
+    """What `kvctl status` looks at: --run NAME (with ray, the run as that Ray cluster records it),
+    else --url/--inventory/KVCTL_URLS, else the only live run in the state dir. UsageError (exit 2)
+    when none of them names anything."""
     from kvctl import runs
 
     env = os.environ if env is None else env
     if run is not None and (urls or inventory is not None):
         raise UsageError("give --run NAME or --url/--inventory, not both",
                          "--run reads the replicas and the master from the run record")
+    if ray is not None:
+        if run is None:
+            raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
+        from kvctl import ray_fleet
+
+        record = ray_fleet.load(ray, run, state_dir)
+        return Targets(_fleet_of(record, master), record)
     if run is None and not urls and inventory is None and not env.get(URLS_ENV, "").strip():
         known = runs.list_runs(state_dir)
         if not any(r.state in runs.LIVE_STATES for r in known):
@@ -183,17 +196,18 @@ async def fleet_status(replicas: list[Replica], master: str | None, timeout: flo
     status = FleetStatus(replicas=list(results[:len(replicas)]),
                          master=results[len(replicas)] if master is not None else None)
     if run is not None:
-        status.run = run_status(run)
-        _flag_strangers(status, run)
+        from kvctl.lifecycle import liveness
+
+        alive = liveness(run)  # pid and start time here; a Ray run's actors answer for theirs
+        status.run = run_status(run, alive)
+        _flag_strangers(status, run, alive)
     status.elapsed_s = time.perf_counter() - start
     return status
 
 
-def _flag_strangers(status: FleetStatus, run: RunRecord) -> None:
+def _flag_strangers(status: FleetStatus, run: RunRecord, is_ours: Callable[[ProcessRef], bool]) -> None:
     """A run's replica (or master) whose process is gone, yet something answers on its port, is not
     healthy: that answer comes from another server that took the port (kvctl checks pid + start time)."""
-    from kvctl.procs import is_ours
-
     records = {r.name: r for r in run.replicas}
     for row in status.replicas:
         ref = records[row.name].process if row.name in records else None
@@ -274,15 +288,28 @@ async def master_status(address: str, timeout: float, http: HttpPool) -> MasterS
     return row
 
 
-def run_status(record: RunRecord) -> RunStatus:
-    """The run as recorded, and which of its processes are still the ones it started."""
-    from kvctl.procs import is_ours
+def run_status(record: RunRecord, is_ours: Callable[[ProcessRef], bool] | None = None) -> RunStatus:
+    """The run as recorded, and which of its processes are still the ones it started (`is_ours`:
+    kvctl.lifecycle.liveness of the run)."""
+    if is_ours is None:
+        from kvctl.lifecycle import liveness
 
+        is_ours = liveness(record)
     return RunStatus(
         name=record.name, state=record.state, dir=record.dir, model=record.model, template=record.template,
         created=record.created, cache_prefix=record.cache_prefix, error=record.error,
-        processes=[ProcessStatus(ref.name, ref.pid, is_ours(ref)) for ref in record.processes()],
+        processes=[ProcessStatus(ref.name, ref.pid, is_ours(ref), (node or {}).get("ip"))
+                   for ref, node in _processes_and_nodes(record)],
+        ray=record.ray["address"] if record.ray else None,
     )
+
+
+def _processes_and_nodes(record: RunRecord) -> list[tuple[ProcessRef, dict[str, str] | None]]:
+    out = [(r.process, r.node) for r in record.replicas if r.process is not None]
+    m = record.master
+    if m is not None and m.embedded and m.process is not None:
+        out.append((m.process, m.node))
+    return out
 
 
 def hit_rate(hits: float | None, queries: float | None) -> float | None:

@@ -1,6 +1,7 @@
 """Which servers a fleet command talks to: replicas (vLLM URLs) and the Mooncake master.
 
-Sources, merged in this order: `--run NAME` (a fleet started by `kvctl serve`), `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
+Sources, merged in this order: `--run NAME` (a fleet started by `kvctl serve`; with `--ray ADDRESS`,
+as that Ray cluster records it), `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
 (comma- or space-separated) when neither is given, and `--master HOST:PORT` (overrides the
 inventory's master).
 
@@ -157,18 +158,26 @@ def default_name(url: str) -> str:
 
 def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, master: str | None = None,
                 env: dict[str, str] | None = None, run: str | None = None,
-                state_dir: str | None = None, master_rpc: str | None = None) -> Fleet:
-    """Merge the target sources; UsageError when nothing is targeted or an entry is bad."""
+                state_dir: str | None = None, master_rpc: str | None = None, ray: str | None = None) -> Fleet:
+    """Merge the target sources; UsageError when nothing is targeted or an entry is bad. With `ray`
+    (a Ray cluster's address), --run names a run as that cluster records it (kvctl serve --ray)."""
     env = os.environ if env is None else env
+    if ray is not None and run is None:
+        raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
     replicas: list[Replica] = []
     sources: list[str] = []
     cache_prefix = None
     inv_master: tuple[str, ...] = ()
     inv_rpc: tuple[str, ...] = ()
     if run is not None:
-        from kvctl import runs
+        if ray is not None:
+            from kvctl import ray_fleet
 
-        record = runs.load(run, state_dir)
+            record = ray_fleet.load(ray, run, state_dir)
+        else:
+            from kvctl import runs
+
+            record = runs.load(run, state_dir)
         replicas += [Replica(r.url, r.name) for r in record.replicas]
         inv_master = (record.master.admin_address,) if record.master else ()
         inv_rpc = (record.master.rpc_address,) if record.master else ()

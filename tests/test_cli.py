@@ -178,9 +178,10 @@ def _typer_uses_pydantic() -> bool:
     return Version(version("typer")) >= Version("0.26")
 
 
-# Not a speed test (that is make bench): it catches an import that would cost the time. pydantic
+# Not a speed test (that is make bench): it catches an import that would cost the time (Ray: only
+# with --ray, tests/test_ray_fleet.py). pydantic
 # (~0.1 s) counts only with a Typer < 0.26, which does not import it to coerce options itself.
-HEAVY = ("vllm", "torch", "mooncake") + (() if _typer_uses_pydantic() else ("pydantic",))
+HEAVY = ("vllm", "torch", "mooncake", "ray") + (() if _typer_uses_pydantic() else ("pydantic",))
 PROBE = """
 import atexit, sys
 atexit.register(lambda: print("HEAVY=" + ",".join(sorted({m.split('.')[0] for m in sys.modules
@@ -196,7 +197,7 @@ run()
     (["compat", "check", "--vllm-version", "0.23.0"], 0), (["compat", "matrix"], 0), (["reset", "--help"], 0),
     (["reset", "--url", "http://127.0.0.1:9", "--retries", "0", "--connector"], 1),
     (["status", "--help"], 0), (["status", "--url", "http://127.0.0.1:9", "--timeout", "1"], 1),
-    (["runs"], 0), (["rm", "--help"], 0),
+    (["runs"], 0), (["rm", "--help"], 0), (["serve", "--help"], 0), (["stop", "--help"], 0),
     (["doctor", "--help"], 0), (["doctor"], 1),  # no vLLM in kvctl's own venv: doctor reports a failure
 ])
 def test_cli_never_imports_heavy_packages(args: list[str], code: int) -> None:
@@ -209,7 +210,7 @@ def test_python_api_imports_no_cli_or_heavy_package() -> None:
     """A trainer's `kvctl.hard_reset()` pays for neither the CLI (typer, rich, pydantic) nor vLLM."""
     code = ("import sys, kvctl; kvctl.hard_reset(['http://127.0.0.1:9'], retries=0, timeout=1); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'typer', 'rich', 'pydantic', 'vllm', 'torch', 'mooncake'}))")
+            "{'typer', 'rich', 'pydantic', 'vllm', 'torch', 'mooncake', 'ray'}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"

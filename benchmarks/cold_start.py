@@ -39,6 +39,9 @@ def run(vllm_python: str | None, reps: int, vllm_reps: int) -> dict[str, Any]:
         # where a kvctl command's time goes: the interpreter alone, then importing the CLI
         rows.append(measure("python -c pass", [PY, "-c", "pass"], reps, 2))
         rows.append(measure("python -c \"import kvctl.cli.main\"", [PY, "-c", "import kvctl.cli.main"], reps, 2))
+        # what Typer >= 0.26 adds to every command with options: it coerces them through pydantic
+        rows.append(measure("python -c \"from pydantic import TypeAdapter\"",
+                            [PY, "-c", "from pydantic import TypeAdapter; TypeAdapter(str)"], reps, 2))
         rows.append(measure("kvctl --help", [*KVCTL, "--help"], reps, 2))
         rows.append(measure("kvctl compat check", [*KVCTL, "compat", "check", "--vllm-version", "0.23.0",
                                                    "--template", "mooncake-store"], reps, 2))
@@ -50,4 +53,6 @@ def run(vllm_python: str | None, reps: int, vllm_reps: int) -> dict[str, Any]:
         console = Path(vllm_python).parent / "vllm"
         rows.append(measure("vllm --version", [str(console), "--version"], max(1, vllm_reps - 2), 0,
                             expect_ok=False))
-    return {"rows": rows, "reps": reps, "vllm_reps": vllm_reps}
+    from importlib.metadata import version
+
+    return {"rows": rows, "reps": reps, "vllm_reps": vllm_reps, "typer": version("typer")}

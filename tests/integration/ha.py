@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.mooncake_master import MasterAdmin, MasterProcess
+from kvctl.mooncake_master import MasterAdmin, MasterError, MasterProcess
 from kvctl.ports import free_port
 
 from .helpers import LEASE_TTL, in_ci, require_mooncake, run
@@ -118,6 +118,15 @@ def role_of(master: MasterProcess) -> tuple[str | None, bool | None]:
     return run(ask())
 
 
+def _role_or_none(master: MasterProcess) -> tuple[str | None, bool | None]:
+    """role_of, or (None, None) while the admin port does not answer yet: an HA master may bind it
+    only after it has joined the election (seen under load: connection refused just after start)."""
+    try:
+        return role_of(master)
+    except MasterError:
+        return None, None
+
+
 def start_ha_pair(etcd: EtcdServer, workdir: Path, timeout: float = 30.0) -> tuple[MasterProcess, MasterProcess]:
     """(leader, standby): the first master started wins the election; the second starts once the
     first serves (a new leader warms up ~5 s first), so the roles are known."""
@@ -125,7 +134,7 @@ def start_ha_pair(etcd: EtcdServer, workdir: Path, timeout: float = 30.0) -> tup
     leader = ha_master(etcd, workdir / "a.log").start()
     try:
         deadline = time.monotonic() + timeout
-        while role_of(leader) != ("leader", True):
+        while _role_or_none(leader) != ("leader", True):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the first HA master never served: log {leader.log_path}")
             time.sleep(0.2)
@@ -133,7 +142,11 @@ def start_ha_pair(etcd: EtcdServer, workdir: Path, timeout: float = 30.0) -> tup
     except BaseException:
         leader.stop()
         raise
-    if role_of(standby)[0] != "standby":
+    role = _role_or_none(standby)[0]
+    while role is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        role = _role_or_none(standby)[0]
+    if role != "standby":
         standby.stop()
         leader.stop()
         raise RuntimeError(f"the second HA master is not a standby: log {standby.log_path}")

@@ -82,6 +82,7 @@ class ProcResult:
     maxrss_kb: int  # peak resident set of the child (and the descendants it waited for)
     stdout: str
     stderr: str
+    cpu_s: float = 0.0  # user + system CPU of the child (and the descendants it waited for)
 
 
 def run_timed(cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600,
@@ -113,7 +114,7 @@ def run_timed(cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout:
         out.seek(0)
         err.seek(0)
         result = ProcResult(wall, proc.returncode, int(rusage.ru_maxrss), out.read().decode(errors="replace"),
-                            err.read().decode(errors="replace"))
+                            err.read().decode(errors="replace"), rusage.ru_utime + rusage.ru_stime)
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout[-2000:]}\n"
                            f"{result.stderr[-2000:]}")

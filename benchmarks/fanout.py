@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -60,20 +61,40 @@ def single_reset_latency(url: str, reps: int) -> list[float]:
         conn.close()
 
 
-def kvctl_fanout(inventory: Path, n: int, concurrency: int, reps: int) -> dict[str, Any]:
+def server_cpu_s(pid: int) -> float:
+    """CPU (user + system) the fleet process has used so far: what the doubles cost the rig."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def requests_sent(receipt: dict[str, Any]) -> int:
+    """HTTP requests of one reset: per replica /version and /server_info (the plan), /is_paused
+    before pausing, and every attempt of every call in the receipt."""
+    count = 0
+    for r in receipt["replicas"]:
+        count += 2 + sum(o["attempts"] for o in r["ops"])
+        count += any(o["op"] == "pause" and o["result"] != "skipped" for o in r["ops"])
+    return count
+
+
+def kvctl_fanout(inventory: Path, n: int, concurrency: int, reps: int, server_pid: int) -> dict[str, Any]:
     """Repeated `kvctl reset --inventory FILE --connector --concurrency C`. A run that leaves
     replicas not reset (exit 3) is kept and counted: it is part of what kvctl does at that scale."""
-    walls, totals, rss, failed, errors = [], [], [], [], []
+    walls, totals, rss, failed, errors, cpus, server, requests = [], [], [], [], [], [], [], []
 
     def once() -> float:
+        before = server_cpu_s(server_pid)
         result, receipt = kvctl_json(["reset", "--inventory", str(inventory), "--connector",
                                       "--concurrency", str(concurrency)], timeout=1200, ok_codes=(0, 3))
+        server.append(server_cpu_s(server_pid) - before)
         bad = [r for r in receipt["replicas"] if not r["reset"]]
         if len(receipt["replicas"]) != n or receipt["plan"]["master_clear"] or len(bad) == n:
             raise RuntimeError(f"kvctl reset over {n} replicas: {receipt['summary']}")
         walls.append(result.wall_s)
         totals.append(receipt["total_s"])
         rss.append(result.maxrss_kb / 1024)
+        cpus.append(result.cpu_s)
+        requests.append(requests_sent(receipt))
         failed.append(len(bad))
         errors.extend(sorted({(r["error"] or "?")[:200] for r in bad})[:3])
         return result.wall_s
@@ -87,17 +108,28 @@ def kvctl_fanout(inventory: Path, n: int, concurrency: int, reps: int) -> dict[s
     keep = slice(warmup, None)
     return {"n": n, "concurrency": concurrency, "process_s": summarize(walls[keep]),
             "total_s": summarize(totals[keep]), "peak_rss_mib": summarize(rss[keep]),
+            "cpu_s": summarize(cpus[keep]), "server_cpu_s": summarize(server[keep]),
+            "requests": max(requests[keep]),
             "not_reset": failed[keep], "errors": errors[:5],
             "warmup_discarded": bool(warmup), "budget_limited": len(walls) - warmup < reps}
 
 
-def floor(inventory: Path, n: int, reps: int) -> dict[str, Any]:
+def floor(inventory: Path, n: int, reps: int, server_pid: int) -> dict[str, Any]:
     """The rig's floor: the same requests from the leanest client (benchmarks/floor_client.py)."""
-    def once() -> float:
-        result = run_timed([PY, str(BENCH_DIR / "floor_client.py"), str(inventory)], timeout=600)
-        return float(json.loads(result.stdout)["total_s"])
+    cpus, server, requests = [], [], []
 
-    return {"n": n, "total_s": summarize(repeat(once, reps, warmup=1))}
+    def once() -> float:
+        before = server_cpu_s(server_pid)
+        result = run_timed([PY, str(BENCH_DIR / "floor_client.py"), str(inventory)], timeout=600)
+        server.append(server_cpu_s(server_pid) - before)
+        cpus.append(result.cpu_s)
+        out = json.loads(result.stdout)
+        requests.append(int(out["requests"]))
+        return float(out["total_s"])
+
+    totals = repeat(once, reps, warmup=1)
+    return {"n": n, "total_s": summarize(totals), "cpu_s": summarize(cpus[1:]),
+            "server_cpu_s": summarize(server[1:]), "requests": max(requests)}
 
 
 def sequential_loop(inventory: Path, workdir: Path, reps: int) -> dict[str, Any]:
@@ -123,16 +155,19 @@ def run(sizes: list[int], concurrencies: list[int], reps: int, seq_reps: dict[in
             single = single_reset_latency(first_url, single_reps)
             log(f"fan-out: one reset call {sorted(single)[len(single) // 2] * 1000:.1f} ms")
             kvctl_rows, seq_rows, floor_rows = [], [], []
+            pid = fleet.proc.pid
             for n in sizes:
                 inventory = work / f"inventory-{n}.yaml"
-                floor_rows.append(floor(inventory, n, reps))
-                log(f"fan-out: rig floor N={n}: {floor_rows[-1]['total_s']['stats']['median']:.3f} s")
+                floor_rows.append(floor(inventory, n, reps, pid))
+                log(f"fan-out: rig floor N={n}: {floor_rows[-1]['total_s']['stats']['median']:.3f} s, "
+                    f"CPU {floor_rows[-1]['cpu_s']['stats']['median']:.2f} s for {floor_rows[-1]['requests']} requests")
                 for c in concurrencies:
-                    row = kvctl_fanout(inventory, n, c, reps)
+                    row = kvctl_fanout(inventory, n, c, reps, pid)
                     kvctl_rows.append(row)
                     log(f"fan-out: kvctl N={n} concurrency={c}: total {row['total_s']['stats']['median']:.3f} s, "
                         f"process {row['process_s']['stats']['median']:.3f} s, "
-                        f"peak RSS {row['peak_rss_mib']['stats']['median']:.0f} MiB"
+                        f"peak RSS {row['peak_rss_mib']['stats']['median']:.0f} MiB, "
+                        f"CPU {row['cpu_s']['stats']['median']:.2f} s for {row['requests']} requests"
                         + (f", NOT reset per run: {row['not_reset']}" if any(row["not_reset"]) else ""))
                 if seq_reps.get(n, 0) > 0:
                     row = sequential_loop(inventory, work, seq_reps[n])

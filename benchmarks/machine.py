@@ -78,6 +78,7 @@ def describe(vllm_python: str | None) -> dict[str, Any]:
         "commit": (_git("rev-parse", "--short", "HEAD") or "?") + (" (kvctl/ modified)" if dirty else ""),
         "httpx": _version("httpx"),
         "httpcore": _version("httpcore"),
+        "aiohttp": _version("aiohttp"),
         "mooncake": _version("mooncake-transfer-engine-non-cuda") or _version("mooncake-transfer-engine"),
         "vllm": vllm,
         "loadavg_start": os.getloadavg()[0],

@@ -24,10 +24,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import cold_start, fanout, machine, master_clear, real_stack, report  # noqa: E402
+from benchmarks import cold_start, fanout, machine, master_clear, real_stack, report, reset_phases  # noqa: E402
 from benchmarks.common import foreign_vllm_pids, log, wait_for_quiet_machine  # noqa: E402
 
-WORKLOADS = ("cold_start", "fanout", "master_clear", "real_stack")
+WORKLOADS = ("cold_start", "fanout", "master_clear", "real_stack", "reset_phases")
 RESULTS = ROOT / "benchmarks" / "results.json"
 
 FULL: dict[str, dict[str, Any]] = {
@@ -36,6 +36,7 @@ FULL: dict[str, dict[str, Any]] = {
                "seq_reps": {1: 5, 8: 5, 64: 3, 256: 1, 1024: 1}, "delay": 0.05},
     "master_clear": {"sizes": [10_000, 100_000], "reps": 5, "process_reps": 3},
     "real_stack": {"serve_reps": 3, "reset_reps": 5, "verify_reps": 3, "ttft_reps": 5},
+    "reset_phases": {"reps": 5},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "cold_start": {"reps": 3, "vllm_reps": 1},
@@ -43,6 +44,7 @@ QUICK: dict[str, dict[str, Any]] = {
                "delay": 0.05},
     "master_clear": {"sizes": [10_000], "reps": 2, "process_reps": 1},
     "real_stack": {"serve_reps": 1, "reset_reps": 2, "verify_reps": 1, "ttft_reps": 2},
+    "reset_phases": {"reps": 1},
 }
 
 
@@ -88,6 +90,11 @@ def run_workloads(args: argparse.Namespace, results: dict[str, Any]) -> None:
         results["fanout"] = watched("fanout", fanout.run, **cfg["fanout"])
     if "master_clear" in only:
         results["master_clear"] = watched("master_clear", master_clear.run, **cfg["master_clear"])
+    if "reset_phases" in only and args.vllm_python and args.model:
+        waited = wait_for_quiet_machine(args.max_wait)
+        results["machine"]["waited_for_other_vllm_s"] += round(waited, 1)
+        results["reset_phases"] = watched("reset_phases", reset_phases.run, args.vllm_python, args.model,
+                                          **cfg["reset_phases"])
     if "real_stack" in only:
         if not (args.vllm_python and args.model):
             log("real stack skipped: pass --vllm-python and --model (make bench does)")

@@ -28,6 +28,7 @@ from kvctl.compat import cache_prefix_of, layout_of
 from kvctl.http_base import HttpPool, shared_pool
 from kvctl.master_select import MasterChoice, MasterNode
 from kvctl.targets import Fleet, Replica
+from kvctl.versions import parse_version
 from kvctl.vllm_client import PAUSE_TIMEOUT, CallOutcome, ServerError, VllmClient, pause_params, reset_answer_error
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
@@ -109,15 +110,13 @@ class Plan:
     master_ha: bool = False  # a master reported an HA view: re-check the leader before clearing
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["options"] = asdict(self.options)
-        return data
+        return _plain(self)
 
 
 async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None = None) -> Plan:
     """Read every replica (version, connector) and decide what to send; sends no reset."""
     sem = asyncio.Semaphore(max(1, options.concurrency))
-    async with shared_pool(http) as shared:
+    async with shared_pool(http, len(fleet.replicas)) as shared:
 
         async def one(replica: Replica) -> ReplicaPlan:
             async with sem:
@@ -436,17 +435,29 @@ class Receipt:
         return self.exit_code == EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["plan"] = self.plan.to_dict()
+        data = _plain(self)
         data["ok"] = self.ok
         return data
+
+
+def _plain(value: Any) -> Any:
+    """dataclasses.asdict without its deep copy of every leaf (Python 3.11 deep-copies each string
+    and number of a receipt with thousands of calls): dataclasses to dicts, tuples to lists."""
+    fields = getattr(type(value), "__dataclass_fields__", None)
+    if fields is not None:
+        return {name: _plain(getattr(value, name)) for name in fields}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 # -- execute ------------------------------------------------------------------------------
 async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
     """Plan, then (unless dry-run or the plan failed) execute and verify."""
     start = time.perf_counter()
-    async with shared_pool() as http:
+    async with shared_pool(hosts=len(fleet.replicas)) as http:  # large fleets: the aiohttp transport
         plan = await plan_reset(fleet, options, http)
         if plan.error or options.dry_run:
             return _receipt_without_execution(plan, fleet, time.perf_counter() - start)
@@ -468,7 +479,7 @@ def _receipt_without_execution(plan: Plan, fleet: Fleet, elapsed: float) -> Rece
 
 async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
                        http: HttpPool | None = None) -> Receipt:
-    async with shared_pool(http) as shared:
+    async with shared_pool(http, len(fleet.replicas)) as shared:
         return await _execute(plan, fleet, time.perf_counter() if start is None else start, shared)
 
 
@@ -624,16 +635,19 @@ async def _is_paused(client: VllmClient) -> bool | None:
 async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: ResetOptions) -> OpResult:
     if op.skip:
         return OpResult(op.op, "skipped", detail=op.skip)
-    version = Version(rp.version or "0")
-    calls: dict[str, Callable[[], Awaitable[CallOutcome]]] = {
-        "pause": lambda: client.pause(version, opts.pause_timeout),
-        "resume": client.resume,
-        "prefix_cache": lambda: client.reset_prefix_cache(version, **op.params) if op.params
-        else client.call("POST", "/reset_prefix_cache"),
-        "mm_cache": client.reset_mm_cache,
-        "encoder_cache": client.reset_encoder_cache,
-    }
-    outcome = await calls[op.op]()
+    version = parse_version(rp.version or "0")  # parsed once per fleet (cached), not once per call
+    outcome: CallOutcome
+    if op.op == "pause":
+        outcome = await client.pause(version, opts.pause_timeout)
+    elif op.op == "resume":
+        outcome = await client.resume()
+    elif op.op == "prefix_cache":
+        outcome = await (client.reset_prefix_cache(version, **op.params) if op.params
+                         else client.call("POST", "/reset_prefix_cache"))
+    elif op.op == "mm_cache":
+        outcome = await client.reset_mm_cache()
+    else:
+        outcome = await client.reset_encoder_cache()
     error = reset_answer_error(outcome)
     detail = ", ".join(f"{k}={v}" for k, v in op.params.items()) or None
     return OpResult(op.op, "failed" if error else "ok", outcome.status, round(outcome.latency_s, 6),

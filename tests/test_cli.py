@@ -179,9 +179,10 @@ def _typer_uses_pydantic() -> bool:
 
 
 # Not a speed test (that is make bench): it catches an import that would cost the time (Ray: only
-# with --ray, tests/test_ray_fleet.py). pydantic
+# with --ray, tests/test_ray_fleet.py; aiohttp: only for fleets of KVCTL_FAST_HTTP_MIN_HOSTS replicas
+# or more, kvctl/http_aio.py). pydantic
 # (~0.1 s) counts only with a Typer < 0.26, which does not import it to coerce options itself.
-HEAVY = ("vllm", "torch", "mooncake", "ray") + (() if _typer_uses_pydantic() else ("pydantic",))
+HEAVY = ("vllm", "torch", "mooncake", "ray", "aiohttp") + (() if _typer_uses_pydantic() else ("pydantic",))
 PROBE = """
 import atexit, sys
 atexit.register(lambda: print("HEAVY=" + ",".join(sorted({m.split('.')[0] for m in sys.modules
@@ -210,7 +211,7 @@ def test_python_api_imports_no_cli_or_heavy_package() -> None:
     """A trainer's `kvctl.hard_reset()` pays for neither the CLI (typer, rich, pydantic) nor vLLM."""
     code = ("import sys, kvctl; kvctl.hard_reset(['http://127.0.0.1:9'], retries=0, timeout=1); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'typer', 'rich', 'pydantic', 'vllm', 'torch', 'mooncake', 'ray'}))")
+            "{'typer', 'rich', 'pydantic', 'vllm', 'torch', 'mooncake', 'ray', 'aiohttp'}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"

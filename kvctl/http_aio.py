@@ -1,0 +1,107 @@
+"""kvctl's HTTP transport for large fleets: aiohttp (HTTP parsed in C), behind HttpPool's interface.
+
+A fleet reset sends eight calls to each replica; at hundreds of replicas the client's CPU per call
+decides how long it takes, and httpcore's pure-Python stack (h11 parsing, anyio) was most of
+kvctl's (profiled, docs/performance.md section 2). aiohttp parses responses in C (llhttp) and
+runs on asyncio directly. Loaded only for fleets of `FAST_MIN_HOSTS` replicas or more
+(kvctl.http_base.shared_pool): a small reset and every other command keep httpcore and never
+import it.
+
+What stays identical to HttpPool, so VllmClient's retries, timeouts and receipts do not change:
+- the same `request()` signature and `HttpResponse`; no answer raises the same TransportError
+  with the same kinds (timeout / connect / other);
+- the timeout applies to connecting (pool wait included), and to each read, like httpcore's;
+- at most `max_connections_per_host` kept-alive connections per host;
+- no proxy (trust_env=False: HTTP_PROXY and friends are ignored), no redirects followed, no cookies;
+- https with httpx's default context (certifi's CA bundle, SSL_CERT_FILE honoured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+from yarl import URL
+
+from kvctl.http_base import HttpResponse, TransportError, _query_values, _USER_AGENT
+
+_HEADERS = {"User-Agent": _USER_AGENT.decode(), "Accept": "*/*"}
+_JSON_HEADERS = {**_HEADERS, "Content-Type": "application/json"}
+# aiohttp's timeout classes, named as httpcore names the same failure (a receipt reads the same)
+_NAMES = {"ConnectionTimeoutError": "ConnectTimeout", "SocketTimeoutError": "ReadTimeout",
+          "ServerTimeoutError": "ReadTimeout", "TimeoutError": "ReadTimeout",
+          "ClientConnectorError": "ConnectError", "ClientConnectorDNSError": "ConnectError"}
+
+
+class AioHttpPool:
+    """One aiohttp session for every host, created on first use (it needs the running loop)."""
+
+    def __init__(self, max_connections_per_host: int = 4) -> None:
+        self._per_host = max_connections_per_host
+        self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._ssl: Any = None
+
+    async def request(self, method: str, url: str, *, params: dict[str, Any] | None = None,
+                      json: Any = None, headers: dict[str, str] | None = None,
+                      timeout: float = 10.0) -> HttpResponse:
+        """One request, body read in full. Raises TransportError when no HTTP answer came."""
+        if params:
+            url = f"{url}{'&' if '?' in url else '?'}{urlencode(_query_values(params))}"
+        head = _HEADERS
+        data = None
+        if json is not None:
+            import json as jsonlib
+
+            data, head = jsonlib.dumps(json).encode(), _JSON_HEADERS
+        if headers:
+            head = {**head, **headers}
+        limits = self._timeouts.get(timeout)
+        if limits is None:
+            limits = self._timeouts[timeout] = aiohttp.ClientTimeout(
+                total=None, connect=timeout, sock_connect=timeout, sock_read=timeout)
+        session = self._session or self._open()
+        try:
+            async with session.request(method, URL(url, encoded=True), data=data, headers=head,
+                                       timeout=limits, allow_redirects=False,
+                                       ssl=self._ssl_context() if url.startswith("https:") else True) as response:
+                return HttpResponse(response.status, await response.read())
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise TransportError(_kind(exc), exc, _NAMES.get(type(exc).__name__)) from exc
+
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_host, ttl_dns_cache=None)
+        self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
+                                              cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    def _ssl_context(self) -> Any:
+        if self._ssl is None:
+            import httpx  # the same default context as HttpPool's
+
+            self._ssl = httpx.create_ssl_context()
+        return self._ssl
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def __aenter__(self) -> AioHttpPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _kind(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):  # aiohttp's timeout errors derive from it
+        return "timeout"
+    if isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+        return "connect"
+    return "other"
+
+
+__all__ = ["AioHttpPool"]

@@ -313,6 +313,19 @@ def targets_table(res: dict[str, Any]) -> str:
 
 
 # -- plot -----------------------------------------------------------------------------------------
+
+def _linear_panel(ax: Any, sizes: list[int], ylabel: str, title: str) -> None:
+    """A panel over N (log x, one tick per size) with a linear y axis from 0."""
+    ax.set_xscale("log")
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([str(n) for n in sizes])
+    ax.set_xlabel("replicas (N)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
 def plot(res: dict[str, Any], path: Path = PLOT) -> None:
     import matplotlib
 
@@ -359,24 +372,8 @@ def plot(res: dict[str, Any], path: Path = PLOT) -> None:
         points = [(n, y) for n, y in points if y is not None]
         if points:
             ax3.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    ax3.set_xscale("log")
-    ax3.set_xticks(big)
-    ax3.set_xticklabels([str(n) for n in big])
-    ax3.set_xlabel("replicas (N)")
-    ax3.set_ylabel("µs of client CPU per request")
-    ax3.set_title("client CPU per request (start-up excluded)")
-    ax3.set_ylim(bottom=0)
-    ax3.grid(True, alpha=0.3)
-    ax3.legend(fontsize=8)
-    ax2.set_xscale("log")
-    ax2.set_xticks(sizes)
-    ax2.set_xticklabels([str(n) for n in sizes])
-    ax2.set_xlabel("replicas (N)")
-    ax2.set_ylabel("MiB")
-    ax2.set_title("kvctl peak RSS")
-    ax2.set_ylim(bottom=0)
-    ax2.grid(True, alpha=0.3)
-    ax2.legend(fontsize=8)
+    _linear_panel(ax3, big, "µs of client CPU per request", "client CPU per request (start-up excluded)")
+    _linear_panel(ax2, sizes, "MiB", "kvctl peak RSS")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -114,26 +114,32 @@ class RunRecord:
 
     def save(self) -> None:
         """Write run.json atomically (temp file + rename in the same folder)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".run.", suffix=".json", dir=self.path)
+        tmp = self._write_temp()
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(self.to_dict(), fh, indent=2)
             os.replace(tmp, self.path / RUN_FILE)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
     def create(self) -> None:
         """Write run.json only if there is none: FileExistsError when another start claimed the name first."""
+        tmp = self._write_temp()
+        try:
+            os.link(tmp, self.path / RUN_FILE)  # a complete file or none: link fails if the name exists
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _write_temp(self) -> Path:
+        """The record as a complete temp file in the run folder (removed again if writing fails)."""
         self.path.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".run.", suffix=".json", dir=self.path)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(self.to_dict(), fh, indent=2)
-            os.link(tmp, self.path / RUN_FILE)  # a complete file or none: link fails if the name exists
-        finally:
+        except BaseException:
             Path(tmp).unlink(missing_ok=True)
+            raise
+        return Path(tmp)
 
 
 def _ref(data: dict[str, Any] | None) -> ProcessRef | None:

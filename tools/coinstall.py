@@ -384,11 +384,9 @@ def render_markdown(data: dict) -> str:
 
 
 def replace_section(text: str, body: str) -> str:
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise SystemExit(f"markers {BEGIN} ... {END} not found")
-    return f"{head}{BEGIN}\n{body}{END}{tail}"
+    from update_docs import replace_section as replace  # tools/, next to this script (kvctl's compat.md does the same)
+
+    return replace(text, body, BEGIN, END)
 
 
 # --- main --------------------------------------------------------------------------------------

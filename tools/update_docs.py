@@ -16,12 +16,13 @@ from kvctl.compat import matrix_markdown  # noqa: E402
 BEGIN, END = "<!-- BEGIN GENERATED MATRIX (make docs) -->", "<!-- END GENERATED MATRIX -->"
 
 
-def replace_section(text: str, body: str) -> str:
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
+def replace_section(text: str, body: str, begin: str = BEGIN, end: str = END) -> str:
+    """`text` with what lies between the generated-section markers replaced by `body`."""
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise SystemExit(f"markers {BEGIN} ... {END} not found")
-    return f"{head}{BEGIN}\n{body}{END}{tail}"
+        raise SystemExit(f"markers {begin} ... {end} not found")
+    return f"{head}{begin}\n{body}{end}{tail}"
 
 
 def main() -> None:

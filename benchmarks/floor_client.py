@@ -1,8 +1,8 @@
 """Benchmark helper, run as its own process: the floor of the fan-out rig.
 
 Sends exactly the requests `kvctl reset --connector` sends to N vLLM >= 0.16 replicas, in the
-same phases (read /version and /server_info of all, pause all, reset prefix/mm/encoder caches of
-all, resume all), with the leanest async client at hand (aiohttp, one connection per replica, no
+same phases (read /version and /server_info of all; ask /is_paused and pause all, as kvctl does so
+that a replica its owner paused stays paused; reset prefix/mm/encoder caches of all; resume all), with the leanest async client at hand (aiohttp, one connection per replica, no
 retries, no parsing beyond the status), all replicas at once. Whatever kvctl takes beyond this is
 kvctl's own cost; what this takes is the rig's (client + the doubles' server, on the same cores).
 
@@ -22,7 +22,7 @@ import yaml
 RESET = "/reset_prefix_cache?reset_running_requests=false&reset_external=true"
 PHASES: list[list[tuple[str, str]]] = [
     [("GET", "/version"), ("GET", "/server_info?config_format=json")],
-    [("POST", "/pause?mode=wait")],
+    [("GET", "/is_paused"), ("POST", "/pause?mode=wait&clear_cache=false")],
     [("POST", RESET), ("POST", "/reset_mm_cache"), ("POST", "/reset_encoder_cache")],
     [("POST", "/resume")],
 ]

@@ -46,7 +46,7 @@ async def hard_reset_async(
     dry_run: bool = False,
     timeout: float = 10.0,
     retries: int = 2,
-    concurrency: int = 64,
+    concurrency: int = 256,
     pause_timeout: float = 120.0,
     raise_on_failure: bool = False,
 ) -> Receipt:

@@ -170,19 +170,11 @@ def test_compat_matrix(cli) -> None:
     assert "MooncakeStoreConnector" in cli("compat", "matrix").stdout
 
 
-def _typer_uses_pydantic() -> bool:
-    from importlib.metadata import version
-
-    from packaging.version import Version
-
-    return Version(version("typer")) >= Version("0.26")
-
-
 # Not a speed test (that is make bench): it catches an import that would cost the time (Ray: only
 # with --ray, tests/test_ray_fleet.py; aiohttp: only for fleets of KVCTL_FAST_HTTP_MIN_HOSTS replicas
-# or more, kvctl/http_aio.py). pydantic
-# (~0.1 s) counts only with a Typer < 0.26, which does not import it to coerce options itself.
-HEAVY = ("vllm", "torch", "mooncake", "ray", "aiohttp") + (() if _typer_uses_pydantic() else ("pydantic",))
+# or more, kvctl/http_aio.py; pydantic, ~0.1 s: Typer >= 0.26 would import it to coerce options,
+# kvctl/cli/coercion.py does that for kvctl's option types).
+HEAVY = ("vllm", "torch", "mooncake", "ray", "aiohttp", "pydantic")
 PROBE = """
 import atexit, sys
 atexit.register(lambda: print("HEAVY=" + ",".join(sorted({m.split('.')[0] for m in sys.modules

@@ -9,12 +9,17 @@ import typer
 
 from kvctl import __version__
 from kvctl.cli import compat, config
+from kvctl.cli.coercion import install as install_coercion
 from kvctl.cli.reset import reset
 from kvctl.cli.doctor import doctor
 from kvctl.cli.probe import probe
 from kvctl.cli.runs import rm, runs_list
 from kvctl.cli.serve import serve, stop
 from kvctl.cli.status import status
+
+# Typer >= 0.26 would import pydantic (~0.1 s, half of a command's start-up) to turn "8" into 8:
+# kvctl's plain option types are coerced without it; anything else still goes through Typer's own.
+install_coercion()
 
 app = typer.Typer(
     name="kvctl",

@@ -26,9 +26,20 @@ def measure(label: str, cmd: list[str], reps: int, warmup: int, expect_ok: bool 
     repeat(once, reps, warmup=warmup)
     keep = slice(len(walls) - reps, None)
     row = {"label": label, "command": " ".join(cmd), "wall_s": summarize(walls[keep]),
-           "peak_rss_mib": summarize(rss[keep]), "exit_codes": sorted(set(codes[keep]))}
+           "peak_rss_mib": summarize(rss[keep]), "exit_codes": sorted(set(codes[keep])),
+           "imports_pydantic": imports_pydantic(cmd, expect_ok) if label.startswith("kvctl") else None}
     log(f"cold start: {label}: median {row['wall_s']['stats']['median']:.3f} s (exit {row['exit_codes']})")
     return row
+
+
+def imports_pydantic(cmd: list[str], expect_ok: bool) -> bool:
+    """Whether the command imports pydantic (one extra run, not timed, with -X importtime's
+    equivalent PYTHONPROFILEIMPORTTIME): Typer >= 0.26 would, to coerce options."""
+    import os
+
+    result = run_timed(cmd, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}, timeout=600, check=expect_ok)
+    return any(line.rsplit("|", 1)[-1].strip().startswith("pydantic") for line in result.stderr.splitlines()
+               if line.startswith("import time:"))
 
 
 def run(vllm_python: str | None, reps: int, vllm_reps: int) -> dict[str, Any]:

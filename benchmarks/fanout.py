@@ -20,6 +20,9 @@ from urllib.parse import urlparse
 import yaml
 
 from benchmarks.common import BENCH_DIR, PY, Helper, kvctl_json, log, repeat, run_timed, summarize
+from kvctl.reset import ResetOptions
+
+DEFAULT_CONCURRENCY = ResetOptions.__dataclass_fields__["concurrency"].default  # what `kvctl reset` uses
 
 # A run slower than this is its own warm-up (start-up effects are noise next to it), and the
 # repetitions of one (N, concurrency) stop once they have used BUDGET_S (at least one sample).
@@ -174,5 +177,6 @@ def run(sizes: list[int], concurrencies: list[int], reps: int, seq_reps: dict[in
                     seq_rows.append(row)
                     log(f"fan-out: sequential curl loop N={n}: {row['process_s']['stats']['median']:.2f} s")
     return {"delay_s": delay, "sizes": sizes, "concurrencies": concurrencies,
+            "default_concurrency": DEFAULT_CONCURRENCY,
             "single_reset_s": summarize(single), "kvctl": kvctl_rows, "sequential": seq_rows, "floor": floor_rows,
             "sequential_script": SCRIPT}

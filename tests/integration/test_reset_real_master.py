@@ -38,6 +38,8 @@ def test_reset_forces_the_clear_of_leased_keys(empty_master: MasterProcess, writ
     data = json.loads(result.stdout)
     assert data["master"]["clear"]["result"] == "ok"
     assert data["master"]["removed_count"] == 50
+    # a whole clear counts the keys before by the master's gauge (no listing), after by listing
+    assert (data["master"]["keys_before"], data["master"]["keys_after"]) == (50, 0)
     assert admin_call(address, "key_count") == 0
     assert admin_call(address, "metrics").remove_all_requests_total == before + 1
     assert writer.proc.poll() is None  # the client was alive throughout
@@ -95,6 +97,9 @@ def test_whole_master_is_explicit_and_clears_everyone(empty_master: MasterProces
     data = json.loads(result.stdout)
     assert result.exit_code == 0, result.stdout
     assert data["master"]["scope"] == "whole" and admin_call(empty_master.admin_address, "key_count") == 0
+    m = data["master"]
+    assert (m["keys_before"], m["others_before"], m["removed_count"], m["keys_after"], m["others_after"]) == \
+        (5, 5, 10, 0, 0)
 
 
 def test_scoped_fleet_without_the_rpc_port_fails_before_sending(empty_master: MasterProcess,

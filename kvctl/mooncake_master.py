@@ -117,14 +117,17 @@ def admin_base_url(address: str) -> str:
 
 
 def parse_metrics(text: str) -> MasterMetrics:
-    """Parse the master's Prometheus exposition into MasterMetrics (raises ValueError)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """Parse the master's Prometheus exposition into MasterMetrics (raises ValueError).
 
+    Every field is an unlabeled sample, `name value [timestamp]` in the text format, so they are
+    read line by line: prometheus_client's parser would import the whole prometheus_client
+    package (its HTTP exposition server included: 20-48 ms) into a reset's master clear."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.labels:  # sample names keep their _total suffix; family names drop it
-                values[sample.name] = sample.value
+    wanted = set(_METRIC_FIELDS.values())
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) in (2, 3) and parts[0] in wanted:  # comments and labeled samples never match
+            values[parts[0]] = float(parts[1])  # a bad number: ValueError, as the parser raised
     if _METRIC_FIELDS["key_count"] not in values:
         raise ValueError("no master_key_count sample")
     return MasterMetrics(**{field: (int(values[name]) if name in values else None)

@@ -50,3 +50,32 @@ def test_counters_are_summed_over_engines_and_old_names_are_read() -> None:
     parsed = parse_vllm_metrics(text)
     assert parsed.counters.local_hits == 12.0 and parsed.counters.local_queries == 20.0
     assert parsed.counters.external_hits is None and parsed.block_size is None
+
+
+MASTER = Path(__file__).parent / "data" / "mooncake-master-0.3.13.post1-metrics.prom"
+
+
+def test_master_metrics_read_as_prometheus_client_reads_them() -> None:
+    """The master's fields are unlabeled samples, read line by line (no prometheus_client import in
+    a reset's clear); a capture of a real mooncake_master 0.3.13.post1 holding 37 keys."""
+    from kvctl.mooncake_master import _METRIC_FIELDS, parse_metrics
+
+    text = MASTER.read_text()
+    parsed = parse_metrics(text)
+    samples = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if not s.labels}
+    for field, name in _METRIC_FIELDS.items():
+        assert getattr(parsed, field) == int(samples[name]), field
+    assert parsed.key_count == 37 and parsed.active_clients == 1
+
+
+def test_master_metrics_without_the_key_count_are_refused() -> None:
+    import pytest
+
+    from kvctl.mooncake_master import parse_metrics
+
+    with pytest.raises(ValueError):
+        parse_metrics('# TYPE master_key_count gauge\nmaster_key_count{shard="0"} 3\n')
+    with pytest.raises(ValueError):
+        parse_metrics("master_key_count three\n")
+    assert parse_metrics("master_key_count 3 1700000000000\n").key_count == 3  # a timestamp is allowed

@@ -475,9 +475,12 @@ def fanout_notes(f: dict[str, Any]) -> str:
                            "in flight (a connection pool shared by every replica scans all its connections "
                            "on each request).")
             elif ratio < 0.8:
+                default = f.get("default_concurrency", a["concurrency"])
                 out.append(f"--concurrency {b['concurrency']} is {1 / ratio:.1f}x faster than "
-                           f"{a['concurrency']}: the default leaves waves of {a['concurrency']} replicas "
-                           "waiting on each other's 50 ms.")
+                           f"{a['concurrency']}: {a['concurrency']} leaves waves of {a['concurrency']} replicas "
+                           "waiting on each other's 50 ms"
+                           + (f"; kvctl's default is {default}." if default != a["concurrency"] else
+                              " (the default)."))
             else:
                 out.append(f"--concurrency barely matters ({a['concurrency']}: {secs(med(a['total_s']))}, "
                            f"{b['concurrency']}: {secs(med(b['total_s']))}): the time is CPU, not waiting.")

@@ -38,8 +38,9 @@ _NAMES = {"ConnectionTimeoutError": "ConnectTimeout", "SocketTimeoutError": "Rea
 class AioHttpPool:
     """One aiohttp session for every host, created on first use (it needs the running loop)."""
 
-    def __init__(self, max_connections_per_host: int = 4) -> None:
+    def __init__(self, max_connections_per_host: int = 4, keepalive: bool = True) -> None:
         self._per_host = max_connections_per_host
+        self._keepalive = keepalive  # False: each call closes its connection (http_base.fd_budget)
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._ssl: Any = None
@@ -72,7 +73,8 @@ class AioHttpPool:
             raise TransportError(_kind(exc), exc, _NAMES.get(type(exc).__name__)) from exc
 
     def _open(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_host, ttl_dns_cache=None)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_host, ttl_dns_cache=None,
+                                         force_close=not self._keepalive)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
                                               cookie_jar=aiohttp.DummyCookieJar())
         return self._session

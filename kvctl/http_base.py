@@ -62,8 +62,9 @@ class TransportError(Exception):
 class HttpPool:
     """Connection pools by host (scheme, host, port), created on first use; close with `aclose`."""
 
-    def __init__(self, max_connections_per_host: int = 4) -> None:
+    def __init__(self, max_connections_per_host: int = 4, keepalive: bool = True) -> None:
         self._per_host = max_connections_per_host
+        self._keepalive = keepalive  # False: each call closes its connection (see fd_budget)
         self._pools: dict[tuple[str, str, int | None], httpcore.AsyncConnectionPool] = {}
         self._ssl: Any = None  # built on the first https URL (loading the CA bundle costs ~30 ms)
 
@@ -96,7 +97,8 @@ class HttpPool:
         if pool is None:
             ssl = self._ssl_context() if parts.scheme == "https" else None
             pool = self._pools[key] = httpcore.AsyncConnectionPool(
-                ssl_context=ssl, max_connections=self._per_host, max_keepalive_connections=self._per_host)
+                ssl_context=ssl, max_connections=self._per_host,
+                max_keepalive_connections=self._per_host if self._keepalive else 0)
         return pool
 
     def _ssl_context(self) -> Any:
@@ -128,16 +130,50 @@ FAST_MIN_HOSTS = 32
 FAST_MIN_HOSTS_ENV = "KVCTL_FAST_HTTP_MIN_HOSTS"
 
 
+# Files a fleet operation keeps open besides its connections: stdio, the Python files it still
+# imports, a child process's pipes, the master's connection.
+FD_MARGIN = 128
+
+
+def fd_budget(hosts: int) -> int:
+    """How many files this process may open, after raising the soft RLIMIT_NOFILE (up to the hard
+    limit) to fit one kept-alive connection per host plus FD_MARGIN. A common soft limit is 1024:
+    a 1024-replica reset keeps 1024 connections open between its phases and ran out of files."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return hosts + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = hosts + FD_MARGIN
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return needed if soft == resource.RLIM_INFINITY else soft
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft
+    return target
+
+
 def new_pool(hosts: int = 1) -> HttpPool:
-    """The transport for an operation on `hosts` servers: httpcore, or aiohttp for large fleets."""
+    """The transport for an operation on `hosts` servers: httpcore, or aiohttp for large fleets.
+    Connections are kept alive between calls when the file budget has room for one per host;
+    otherwise each call closes its own (slower, but the operation never runs out of files: callers
+    cap their concurrency with `max_concurrency`)."""
+    keepalive = fd_budget(hosts) >= hosts + FD_MARGIN
     threshold = os.environ.get(FAST_MIN_HOSTS_ENV)
     if hosts >= (int(threshold) if threshold and threshold.strip().isdigit() else FAST_MIN_HOSTS):
         try:
             from kvctl.http_aio import AioHttpPool
         except ImportError:  # aiohttp missing or broken: httpcore does the same job, slower
-            return HttpPool()
-        return AioHttpPool()  # type: ignore[return-value]  # the same interface
-    return HttpPool()
+            return HttpPool(keepalive=keepalive)
+        return AioHttpPool(keepalive=keepalive)  # type: ignore[return-value]  # the same interface
+    return HttpPool(keepalive=keepalive)
+
+
+def max_concurrency(hosts: int, wanted: int) -> int:
+    """`wanted` hosts at once, fewer when the process may not open that many connections."""
+    return max(1, min(wanted, fd_budget(hosts) - FD_MARGIN))
 
 
 @asynccontextmanager
@@ -182,4 +218,5 @@ def _query_values(params: dict[str, Any]) -> dict[str, str]:
     return {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in params.items()}
 
 
-__all__ = ["HttpClientBase", "HttpPool", "HttpResponse", "TransportError", "new_pool", "shared_pool"]
+__all__ = ["HttpClientBase", "HttpPool", "HttpResponse", "TransportError", "max_concurrency", "new_pool",
+           "shared_pool"]

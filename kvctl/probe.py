@@ -23,7 +23,7 @@ from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.errors import UsageError
-from kvctl.http_base import HttpPool, shared_pool
+from kvctl.http_base import HttpPool, max_concurrency, shared_pool
 from kvctl.targets import Fleet, Replica
 from kvctl.vllm_client import CallOutcome, ServerError, VllmClient
 
@@ -140,8 +140,8 @@ async def probe_fleet(fleet: Fleet, prompts: list[str] | None = None, options: P
     options = options or ProbeOptions()
     prompts = prompts or [DEFAULT_PROMPT]
     started = time.perf_counter()
-    sem = asyncio.Semaphore(max(1, options.concurrency))
-    async with shared_pool(http) as pool:
+    sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), options.concurrency))
+    async with shared_pool(http, len(fleet.replicas)) as pool:
         async def one(replica: Replica) -> ReplicaProbe:
             async with sem:
                 return await _probe_replica(replica, prompts, options, pool)

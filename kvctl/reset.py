@@ -25,7 +25,7 @@ from packaging.version import Version
 
 from kvctl.capabilities import table
 from kvctl.compat import cache_prefix_of, layout_of
-from kvctl.http_base import HttpPool, shared_pool
+from kvctl.http_base import HttpPool, max_concurrency, shared_pool
 from kvctl.master_select import MasterChoice, MasterNode
 from kvctl.targets import Fleet, Replica
 from kvctl.versions import parse_version
@@ -115,7 +115,7 @@ class Plan:
 
 async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None = None) -> Plan:
     """Read every replica (version, connector) and decide what to send; sends no reset."""
-    sem = asyncio.Semaphore(max(1, options.concurrency))
+    sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), options.concurrency))
     async with shared_pool(http, len(fleet.replicas)) as shared:
 
         async def one(replica: Replica) -> ReplicaPlan:
@@ -492,7 +492,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
     live = [r for r in plan.replicas if r.error is None]
     master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix, rpc_address=plan.master_rpc,
                            planned_address=plan.master) if plan.master else None
-    sem = asyncio.Semaphore(max(1, opts.concurrency))
+    sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), opts.concurrency))
     canaries: dict[str, _Canary] = {}
 
     async def each(func: Callable[[ReplicaPlan], Awaitable[None]]) -> None:

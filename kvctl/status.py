@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvctl.errors import UsageError
-from kvctl.http_base import HttpPool, shared_pool
+from kvctl.http_base import HttpPool, max_concurrency, shared_pool
 from kvctl.targets import URLS_ENV, Fleet, Replica, build_fleet, normalize_master
 
 if TYPE_CHECKING:
@@ -184,14 +184,24 @@ def _fleet_of(record: RunRecord, master: str | None) -> Fleet:
 
 
 # -- the status ---------------------------------------------------------------------------------
+STATUS_CONCURRENCY = 256  # replicas asked at once (as kvctl reset's default)
+
+
 async def fleet_status(replicas: list[Replica], master: str | None, timeout: float = DEFAULT_TIMEOUT, *,
                        run: RunRecord | None = None, http: HttpPool | None = None) -> FleetStatus:
     """Ask every replica (and the master) at once; failures land in each row's `error`."""
     start = time.perf_counter()
-    async with shared_pool(http) as client:
-        jobs: list[Any] = [replica_status(r, timeout, client) for r in replicas]
+    hosts = len(replicas) + (master is not None)
+    sem = asyncio.Semaphore(max_concurrency(hosts, STATUS_CONCURRENCY))
+
+    async def bounded(job: Any) -> Any:
+        async with sem:
+            return await job
+
+    async with shared_pool(http, hosts) as client:
+        jobs: list[Any] = [bounded(replica_status(r, timeout, client)) for r in replicas]
         if master is not None:
-            jobs.append(master_status(master, timeout, client))
+            jobs.append(bounded(master_status(master, timeout, client)))
         results = await asyncio.gather(*jobs)
     status = FleetStatus(replicas=list(results[:len(replicas)]),
                          master=results[len(replicas)] if master is not None else None)
@@ -227,7 +237,8 @@ def _flag_strangers(status: FleetStatus, run: RunRecord, is_ours: Callable[[Proc
 
 
 async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> ReplicaStatus:
-    """One replica: /health first; if anything answered, /version, /v1/models and /metrics at once."""
+    """One replica: /health first; if anything answered, /version, /v1/models and /metrics, one after
+    the other on one connection (a fleet of thousands then needs one connection per replica)."""
     from kvctl.vllm_client import VllmClient
 
     client = VllmClient(replica.url, timeout=timeout, retries=0, api_key=replica.api_key(), pool=http)
@@ -239,8 +250,9 @@ async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> Re
         row.error = f"GET /health: {health.error}"
         return row
     errors = [] if row.healthy else [f"GET /health: {health.error or f'HTTP {health.status}'}"]
-    version, models, metrics = await asyncio.gather(
-        _attempt(client.version()), _attempt(client.models()), _attempt(client.metrics()))
+    version = await _attempt(client.version())
+    models = await _attempt(client.models())
+    metrics = await _attempt(client.metrics())
     if isinstance(version, Exception):
         errors.append(f"version: {_message(version)}")
     else:

@@ -150,4 +150,22 @@ def start_ha_pair(etcd: EtcdServer, workdir: Path, timeout: float = 30.0) -> tup
         standby.stop()
         leader.stop()
         raise RuntimeError(f"the second HA master is not a standby: log {standby.log_path}")
+    # a new standby reports its role before it has read the leader's view from etcd (seen in CI:
+    # role standby, leader_rpc None): the pair is ready once the standby names the leader
+    while _leader_known_by(standby) != leader.rpc_address:
+        if time.monotonic() > deadline:
+            standby.stop()
+            leader.stop()
+            raise RuntimeError(f"the standby never named the leader: log {standby.log_path}")
+        time.sleep(0.2)
     return leader, standby
+
+
+def _leader_known_by(master: MasterProcess) -> str | None:
+    async def ask() -> str | None:
+        async with MasterAdmin(master.admin_address, timeout=2.0) as admin:
+            return (await admin.ha_info()).leader_rpc
+    try:
+        return run(ask())
+    except MasterError:
+        return None

@@ -107,7 +107,7 @@ soft, hard = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 from kvctl import http_base
 keep = http_base.new_pool(int(sys.argv[3]))._keepalive
-sys.argv = ["kvctl", "reset", "--inventory", sys.argv[4], "--connector", "--json"]
+sys.argv = ["kvctl", *sys.argv[5:], "--inventory", sys.argv[4], "--json"]
 import contextlib, io
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
@@ -117,7 +117,8 @@ with contextlib.redirect_stdout(out):
     except SystemExit as exc:
         code = exc.code
 receipt = json.loads(out.getvalue())
-print(json.dumps({"code": code, "keepalive": keep, "reset": sum(r["reset"] for r in receipt["replicas"]),
+done = sum(bool(r.get("reset", r.get("healthy"))) for r in receipt["replicas"])
+print(json.dumps({"code": code, "keepalive": keep, "done": done,
                   "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}))
 """
 
@@ -126,7 +127,7 @@ print(json.dumps({"code": code, "keepalive": keep, "reset": sum(r["reset"] for r
     (100, 4096, True),   # a low soft limit is raised (up to the hard one) to keep a connection per replica
     (150, 150, False),   # no room to raise: one connection per call, at most 150 - FD_MARGIN replicas at once
 ])
-def test_a_fleet_larger_than_the_file_limit_is_reset_whole(doubles: DoubleFleet, tmp_path, soft: int, hard: int,
+def test_a_fleet_larger_than_the_file_limit_is_reset_and_read_whole(doubles: DoubleFleet, tmp_path, soft: int, hard: int,
                                                            keepalive: bool) -> None:
     """A common soft limit is 1024 open files: a 1024-replica reset kept 1024 connections alive
     between its phases and died of EMFILE ('Too many open files'). Here 160 replicas against
@@ -139,10 +140,12 @@ def test_a_fleet_larger_than_the_file_limit_is_reset_whole(doubles: DoubleFleet,
     replicas = [VllmDouble("0.23.0", connector=None) for _ in range(160)]
     inventory = tmp_path / "fleet.yaml"
     inventory.write_text("replicas:\n" + "".join(f"  - url: {doubles.add(r)}\n" for r in replicas))
-    proc = subprocess.run([sys.executable, "-c", _LIMITED, str(soft), str(hard), str(len(replicas)),
-                           str(inventory)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (out["code"], out["reset"], out["keepalive"]) == (0, 160, keepalive), out
-    assert out["soft"] == (160 + FD_MARGIN if keepalive else hard)
+    for command in (["reset", "--connector"], ["status"]):
+        proc = subprocess.run([sys.executable, "-c", _LIMITED, str(soft), str(hard), str(len(replicas)),
+                               str(inventory), *command], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert (out["code"], out["done"], out["keepalive"]) == (0, 160, keepalive), (command, out)
+        assert out["soft"] == (160 + FD_MARGIN if keepalive else hard)
     assert all(len(r.calls_to("/reset_prefix_cache")) == 1 for r in replicas)
+    assert all(len(r.calls_to("/metrics")) == 1 for r in replicas)  # status read every replica

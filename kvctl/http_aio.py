@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 from yarl import URL
 
-from kvctl.http_base import HttpResponse, TransportError, _query_values, _USER_AGENT
+from kvctl.http_base import HttpResponse, TransportError, _USER_AGENT, default_ssl_context, with_query
 
 _HEADERS = {"User-Agent": _USER_AGENT.decode(), "Accept": "*/*"}
 _JSON_HEADERS = {**_HEADERS, "Content-Type": "application/json"}
@@ -43,14 +42,12 @@ class AioHttpPool:
         self._keepalive = keepalive  # False: each call closes its connection (http_base.fd_budget)
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
-        self._ssl: Any = None
 
     async def request(self, method: str, url: str, *, params: dict[str, Any] | None = None,
                       json: Any = None, headers: dict[str, str] | None = None,
                       timeout: float = 10.0) -> HttpResponse:
         """One request, body read in full. Raises TransportError when no HTTP answer came."""
-        if params:
-            url = f"{url}{'&' if '?' in url else '?'}{urlencode(_query_values(params))}"
+        url = with_query(url, params)
         head = _HEADERS
         data = None
         if json is not None:
@@ -67,7 +64,7 @@ class AioHttpPool:
         try:
             async with session.request(method, URL(url, encoded=True), data=data, headers=head,
                                        timeout=limits, allow_redirects=False,
-                                       ssl=self._ssl_context() if url.startswith("https:") else True) as response:
+                                       ssl=default_ssl_context() if url.startswith("https:") else True) as response:
                 return HttpResponse(response.status, await response.read())
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             raise TransportError(_kind(exc), exc, _NAMES.get(type(exc).__name__)) from exc
@@ -78,13 +75,6 @@ class AioHttpPool:
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
                                               cookie_jar=aiohttp.DummyCookieJar())
         return self._session
-
-    def _ssl_context(self) -> Any:
-        if self._ssl is None:
-            import httpx  # the same default context as HttpPool's
-
-            self._ssl = httpx.create_ssl_context()
-        return self._ssl
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

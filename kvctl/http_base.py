@@ -18,6 +18,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode, urlsplit
 
@@ -66,14 +67,12 @@ class HttpPool:
         self._per_host = max_connections_per_host
         self._keepalive = keepalive  # False: each call closes its connection (see fd_budget)
         self._pools: dict[tuple[str, str, int | None], httpcore.AsyncConnectionPool] = {}
-        self._ssl: Any = None  # built on the first https URL (loading the CA bundle costs ~30 ms)
 
     async def request(self, method: str, url: str, *, params: dict[str, Any] | None = None,
                       json: Any = None, headers: dict[str, str] | None = None,
                       timeout: float = 10.0) -> HttpResponse:
         """One request, body read in full. Raises TransportError when no HTTP answer came."""
-        if params:
-            url = f"{url}{'&' if '?' in url else '?'}{urlencode(_query_values(params))}"
+        url = with_query(url, params)
         head = [(b"User-Agent", _USER_AGENT), (b"Accept", b"*/*")]
         head += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
         content = b""
@@ -95,18 +94,11 @@ class HttpPool:
         key = (parts.scheme, parts.hostname or "", parts.port)
         pool = self._pools.get(key)
         if pool is None:
-            ssl = self._ssl_context() if parts.scheme == "https" else None
+            ssl = default_ssl_context() if parts.scheme == "https" else None
             pool = self._pools[key] = httpcore.AsyncConnectionPool(
                 ssl_context=ssl, max_connections=self._per_host,
                 max_keepalive_connections=self._per_host if self._keepalive else 0)
         return pool
-
-    def _ssl_context(self) -> Any:
-        if self._ssl is None:
-            import httpx  # its default context: certifi's CA bundle, SSL_CERT_FILE honoured
-
-            self._ssl = httpx.create_ssl_context()
-        return self._ssl
 
     async def aclose(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
@@ -145,8 +137,10 @@ def fd_budget(hosts: int) -> int:
         return hosts + FD_MARGIN
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = hosts + FD_MARGIN
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return needed if soft == resource.RLIM_INFINITY else soft
+    if soft == resource.RLIM_INFINITY:
+        return needed
+    if soft >= needed:
+        return soft
     target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
@@ -211,6 +205,27 @@ def _kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, (httpcore.ConnectError, ConnectionError)):
         return "connect"
     return "other"
+
+
+def default_ssl_context() -> Any:
+    """httpx's default context (certifi's CA bundle; SSL_CERT_FILE / SSL_CERT_DIR honoured), for
+    both transports: built on the first https URL (loading the CA bundle costs ~30 ms), again only
+    when those variables change."""
+    return _ssl_context_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@lru_cache(maxsize=4)
+def _ssl_context_for(cert_file: str | None, cert_dir: str | None) -> Any:
+    import httpx  # it reads the variables itself; they are this cache's key
+
+    return httpx.create_ssl_context()
+
+
+def with_query(url: str, params: dict[str, Any] | None) -> str:
+    """`url` with `params` appended as its query (after any query it already has)."""
+    if not params:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{urlencode(_query_values(params))}"
 
 
 def _query_values(params: dict[str, Any]) -> dict[str, str]:

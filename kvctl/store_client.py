@@ -115,7 +115,7 @@ def _main(argv: list[str] | None = None) -> int:
         removed = (client.remove_by_regex(args.regex, args.force) if args.regex is not None
                    else client.remove_all(args.force))
     except Exception as exc:  # noqa: BLE001 - reported as the one JSON line the parent reads
-        removed, error = -1, f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {exc}"
     else:
         error = f"the master answered error code {removed}" if removed < 0 else ""
     answer = ({"error": error} if error else

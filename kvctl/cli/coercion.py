@@ -11,12 +11,13 @@ start in 110-130 ms: measured with Typer 0.29.2, ``kvctl compat check --vllm-ver
 
 What: ``install()`` wraps the ``build_runtime_param`` that ``typer.core`` calls.
 
-* ``str``, ``int``, ``float``, ``bool``, ``pathlib.Path`` (with no path checks asked for), and
-  ``list``/``tuple`` of those: ``FastRuntimeParam`` coerces them itself, to the same values as
-  Typer's adapters, with click's classic messages for bad numbers
+* ``str``, ``int``, ``float``, ``bool``, ``pathlib.Path`` (with no path checks asked for), Enum
+  and Literal choices (through Typer's own ``coerce_cli_choice``, which its adapter calls inside
+  pydantic), and ``list``/``tuple`` of those: ``FastRuntimeParam`` coerces them itself, to the
+  same values as Typer's adapters, with click's classic messages for bad numbers
   (``Invalid value for '--concurrency': 'abc' is not a valid integer.``, exit code 2).
-* Everything else (``min``/``max``/``clamp``, a custom ``parser``, Enum, Literal, datetime,
-  files, path checks, any other type) falls back to Typer's own coercion, pydantic and all:
+* Everything else (``min``/``max``/``clamp``, a custom ``parser``, datetime, files, path
+  checks, any other type) falls back to Typer's own coercion, pydantic and all:
   Typer's original ``build_runtime_param`` is called for it, only once a value needs it (an unset
   option does not). So does a value of a shape the fast path does not know (bytes for an int, a
   str for a bool, ...).
@@ -217,7 +218,8 @@ def _param_classes(base: type, bad_parameter: type[Exception], escape: Any, coer
 
     @dataclass(frozen=True)
     class FastRuntimeParam(DeferredRuntimeParam):
-        """Coercion of str/int/float/bool/Path (and lists/tuples of them) without pydantic."""
+        """Coercion of str/int/float/bool/Path and Enum/Literal choices (and lists/tuples of them)
+        without pydantic."""
 
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
             result = self._fast(value, param, ctx)

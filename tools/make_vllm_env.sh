@@ -5,6 +5,10 @@
 #   tools/make_vllm_env.sh            # prints the env's python path on its last line
 #   VLLM_PY=$(tools/make_vllm_env.sh | tail -n1)
 #
+# kvctl serve and kvctl doctor find this env by themselves when neither --vllm-python nor
+# KVCTL_VLLM_PYTHON names one and kvctl's own Python has no vLLM (kvctl/vllm_launch.py
+# built_vllm_env reads the same KVCTL_VLLM_ENV, default folder and stamp file).
+#
 # Idempotent: a complete env carries a stamp file holding the versions it was built with; when the
 # stamp matches, the script returns at once. An env without a matching stamp (half-built, or built
 # for other versions) is deleted and rebuilt from scratch. Concurrent runs serialise on a lock file.
@@ -70,21 +74,9 @@ if [[ -e $ENV_DIR ]]; then
     rm -rf "$ENV_DIR"
 fi
 
-# System libraries the mooncake wheel links against (fresh Debian lacks libibverbs1).
-need_apt=()
-for lib in libibverbs.so.1 libnuma.so.1 libcurl.so.4; do
-    ldconfig -p 2>/dev/null | grep -q "$lib" || need_apt+=("$lib")
-done
-if ((${#need_apt[@]})); then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-        log "installing system libraries for mooncake (${need_apt[*]} missing)"
-        apt-get update -qq >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 libnuma1 libcurl4 >&2
-    else
-        log "missing ${need_apt[*]}: run as root: apt-get install -y libibverbs1 libnuma1 libcurl4"
-        exit 1
-    fi
-fi
+# System libraries the mooncake wheel links against (fresh Debian lacks libibverbs1); the import
+# check at the end needs them. The make targets run the same check on every run, cached env or not.
+PYTHON="$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/system_deps.sh" vllm-env
 
 log "creating $ENV_DIR with $("$PYTHON" --version 2>&1)"
 "$PYTHON" -m venv "$ENV_DIR"

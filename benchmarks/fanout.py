@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import yaml
 
 from benchmarks.common import BENCH_DIR, PY, Helper, kvctl_json, log, repeat, run_timed, summarize
-from kvctl.reset import ResetOptions
+from kvctl.reset.plan import ResetOptions
 
 DEFAULT_CONCURRENCY = ResetOptions.__dataclass_fields__["concurrency"].default  # what `kvctl reset` uses
 

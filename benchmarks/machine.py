@@ -57,11 +57,11 @@ def _version(dist: str) -> str | None:
 
 
 def describe(vllm_python: str | None) -> dict[str, Any]:
-    from kvctl import __version__
+    from kvctl._version import __version__
 
     vllm = None
     if vllm_python:
-        from kvctl.vllm_launch import find_vllm
+        from kvctl.serve.vllm_launch import find_vllm
 
         install = find_vllm(vllm_python)
         vllm = f"{install.distribution} {install.version}"

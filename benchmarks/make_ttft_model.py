@@ -3,7 +3,7 @@
 The tiny test model (hidden 64, 2 layers) computes a 190-token prompt in a few milliseconds, so on
 it a reset costs the next request nothing measurable. This model (GPT-2-small sized, ~85 M
 parameters, same tokenizer) makes the prefill long enough on a CPU to see what recomputing a
-prompt after a hard reset costs. Built by kvctl/tiny_model.py with a bigger shape; no download.
+prompt after a hard reset costs. Built by tools/tiny_model.py with a bigger shape; no download.
 
 Usage: $VLLM_PY benchmarks/make_ttft_model.py OUT_DIR   (idempotent; prints OUT_DIR last)
 """

@@ -28,7 +28,7 @@ CLEAR_PATH = "/api/v1/remove_all?force=true"
 
 
 def key_count(admin: str) -> int:
-    from kvctl.mooncake_master import MasterAdmin
+    from kvctl.transport.master_admin import MasterAdmin
 
     async def go() -> int:
         async with MasterAdmin(admin) as client:
@@ -123,7 +123,7 @@ def measure_size(size: int, reps: int, admin: str, rpc: str, filler: Helper, rep
 
 
 def run(sizes: list[int], reps: int, process_reps: int) -> dict[str, Any]:
-    from kvctl.mooncake_master import MasterProcess
+    from kvctl.serve.master_process import MasterProcess
 
     with tempfile.TemporaryDirectory(prefix="kvctl-bench-master-") as tmp:
         master = MasterProcess(log_path=Path(tmp) / "master.log")

@@ -5,7 +5,7 @@ Starts a 2-replica stack (kvctl serve, the tiny local model, loopback) and, for 
   cross:  replica B serves the prompt from A's block through Mooncake (plain) vs computes it fresh
           (salted) -- what kvctl probe compares on equal weights;
 and times kvctl probe per prompt. The largest log-probability difference sets kvctl's tolerance
-(kvctl/probe.py DEFAULT_TOLERANCE). Writes benchmarks/probe.json.
+(kvctl/reset/probe.py DEFAULT_TOLERANCE). Writes benchmarks/probe.json.
 
     python benchmarks/probe.py --vllm-python PY --model DIR [--prompts 20]
 """
@@ -27,8 +27,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvctl import runs  # noqa: E402
-from kvctl.probe import ProbeOptions, _answer, probe_fleet  # noqa: E402
+from kvctl.serve import runs
+from kvctl.reset.probe import ProbeOptions, _answer, probe_fleet  # noqa: E402
 from kvctl.targets import Fleet, Replica  # noqa: E402
 
 VLLM_ARGS = ["--max-model-len", "512", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]

@@ -72,7 +72,7 @@ def kvctl_serve(vllm_python: str, model: str, state: Path, name: str) -> tuple[f
     except BaseException:
         run.stop()
         raise
-    from kvctl import runs
+    from kvctl.serve import runs
 
     replica = runs.load(name, state).replicas[0]
     run.url = replica.url
@@ -85,11 +85,11 @@ def bare_server(vllm_python: str, model: str, work: Path) -> Iterator[dict[str, 
     """Start a master and one replica by hand (kvctl's command line and env, no kvctl process);
     yields the seconds each took to be ready. The config is rendered beforehand, untimed (a user
     has it ready)."""
-    from kvctl import templates
-    from kvctl.mooncake_master import MasterProcess
-    from kvctl.render import render, write_bundle
-    from kvctl.mooncake_master import free_port
-    from kvctl.vllm_launch import find_vllm, replica_command, replica_env
+    from kvctl.config import templates
+    from kvctl.serve.master_process import MasterProcess
+    from kvctl.config.render import render, write_bundle
+    from kvctl.serve.ports import free_port
+    from kvctl.serve.vllm_launch import find_vllm, replica_command, replica_env
 
     install = find_vllm(vllm_python)
     work.mkdir(parents=True, exist_ok=True)
@@ -262,7 +262,7 @@ def ttft_on(vllm_python: str, model: str, state: Path, reps: int) -> dict[str, A
 
 def run(vllm_python: str, model: str, serve_reps: int, reset_reps: int, verify_reps: int,
         ttft_reps: int, ttft_model: str | None = None) -> dict[str, Any]:
-    from kvctl.vllm_launch import find_vllm
+    from kvctl.serve.vllm_launch import find_vllm
 
     install = find_vllm(vllm_python)
     # ABBA order (kvctl, bare, bare, kvctl, ...) so a drift of the machine favours neither side

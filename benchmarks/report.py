@@ -510,7 +510,7 @@ def cpu_notes(f: dict[str, Any]) -> str:
                      f"{us(cf)}" + (f", the doubles' server {us(server)}" if server else ""))
     text = ("CPU per request, start-up excluded, at kvctl's default --concurrency: " + "; ".join(parts) + "."
             if parts else "")
-    return text + (" kvctl sends a fleet of 32 replicas or more through aiohttp (kvctl/http_aio.py: HTTP "
+    return text + (" kvctl sends a fleet of 32 replicas or more through aiohttp (kvctl/transport/aio.py: HTTP "
                    "parsed in C, as the floor's client), below that through httpcore (pure Python: h11 and "
                    "anyio; as fast end to end for a few replicas, and aiohttp's import is not paid); retries, "
                    "timeouts, per-call receipts and the no-proxy rule are the same code on both "

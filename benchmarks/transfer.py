@@ -33,9 +33,12 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvctl import runs, transport_log  # noqa: E402
-from kvctl.metrics import parse_vllm_metrics  # noqa: E402
-from kvctl.serve import ServeSpec, start_run, stop_run  # noqa: E402
+from kvctl.serve import runs
+from kvctl.facts import mooncake_log as transport_log
+from kvctl.transport.vllm_metrics import parse_vllm_metrics  # noqa: E402
+from kvctl.serve.spec import ServeSpec
+from kvctl.serve.local import start_run  # noqa: E402
+from kvctl.serve.lifecycle import stop_run  # noqa: E402
 
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
 BASE = "the cache keeps every block it has seen while the quick brown fox jumps over the lazy dog. " * 4
@@ -150,7 +153,7 @@ def one_load(client: httpx.Client, a: str, b: str, admin: str, model: str, stack
 
 
 def log_counts(record: runs.RunRecord) -> dict[str, int]:
-    """Mooncake transport error lines in both replicas' logs, by kind (kvctl.transport_log)."""
+    """Mooncake transport error lines in both replicas' logs, by kind (kvctl.facts.mooncake_log)."""
     counts = dict.fromkeys(transport_log.PATTERNS, 0)
     for rep in record.replicas:
         for event in transport_log.scan_file(rep.log):
@@ -186,8 +189,8 @@ def standalone_store(vllm_python: str, folder: Path, helpers: list[Any]) -> dict
     """A master and a standalone store server (`mooncake_client`, 512 MB) for standalone-store replicas."""
     import subprocess
 
-    from kvctl.mooncake_master import MasterProcess
-    from kvctl.ports import free_port
+    from kvctl.serve.master_process import MasterProcess
+    from kvctl.serve.ports import free_port
 
     folder.mkdir(parents=True, exist_ok=True)
     master = MasterProcess(log_path=folder / "master.log").start()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from kvctl._version import __version__ as __version__  # the public face
+
 _API = ("hard_reset", "hard_reset_async", "ResetFailed", "probe")
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvctl.errors import KvctlError
-from kvctl.reset import Receipt, ResetOptions, hard_reset_fleet
+from kvctl.reset.receipt import Receipt
+from kvctl.reset.plan import ResetOptions
+from kvctl.reset.execute import hard_reset_fleet
 from kvctl.targets import build_fleet
 
 if TYPE_CHECKING:
-    from kvctl.probe import ProbeReport
+    from kvctl.reset.probe import ProbeReport
 
 
 class ResetFailed(KvctlError):
@@ -76,7 +78,7 @@ def probe(urls: list[str] | None = None, *, prompts: list[str] | None = None,
           tolerance: float | None = None, timeout: float = 120.0) -> "ProbeReport":
     """Content-level check (same as `kvctl probe`): each prompt as served vs computed fresh with a
     cache_salt, per replica. Returns the report (`.exit_code`: 0 match, 1 STALE, 3 inconclusive)."""
-    from kvctl.probe import DEFAULT_TOLERANCE, ProbeOptions, probe_fleet
+    from kvctl.reset.probe import DEFAULT_TOLERANCE, ProbeOptions, probe_fleet
 
     fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, None, run=run)
     options = ProbeOptions(max_tokens=max_tokens, timeout=timeout,

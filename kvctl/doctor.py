@@ -20,10 +20,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from kvctl.ports import free_port, port_in_use
+from kvctl.serve.ports import free_port, port_in_use
 
 if TYPE_CHECKING:
-    from kvctl.vllm_launch import VllmInstall
+    from kvctl.serve.vllm_launch import VllmInstall
 
 CheckStatus = Literal["ok", "warn", "fail"]
 MIN_PYTHON = (3, 10)
@@ -102,7 +102,7 @@ def run_checks(vllm_python: str | None = None, *, state_dir: str | Path | None =
 
 def check_cpu_binding() -> Check:
     """Running vLLM CPU workers pinned to the same cores starve each other's Mooncake threads."""
-    from kvctl import cpu_binding
+    from kvctl.serve import cpu_binding
 
     pinned = cpu_binding.pinned_vllm_processes()
     if not pinned:
@@ -140,7 +140,7 @@ def check_python() -> Check:
 
 def _find_vllm(vllm_python: str | None) -> tuple[VllmInstall | None, Check]:
     from kvctl.errors import KvctlError
-    from kvctl.vllm_launch import find_vllm
+    from kvctl.serve.vllm_launch import find_vllm
 
     try:
         install = find_vllm(vllm_python)
@@ -153,9 +153,9 @@ def _find_vllm(vllm_python: str | None) -> tuple[VllmInstall | None, Check]:
 
 def check_reset_capabilities(install: VllmInstall) -> Check:
     """What a reset can do on this version with the mooncake-store layout (kvctl compat check)."""
-    from kvctl import templates
-    from kvctl.capabilities import table
-    from kvctl.compat import assess
+    from kvctl.config import templates
+    from kvctl.facts.capabilities import table
+    from kvctl.facts.compat import assess
 
     layout = templates.load("mooncake-store").kv_transfer_config
     report = assess(install.version, layout, f"installed {install.distribution}", "template mooncake-store")
@@ -188,7 +188,7 @@ def check_vllm_script(install: VllmInstall) -> Check:
 
 
 def check_accelerator(install: VllmInstall | None, env: Mapping[str, str]) -> Check:
-    from kvctl.vllm_launch import gpu_ids
+    from kvctl.serve.vllm_launch import gpu_ids
 
     gpus = gpu_ids(dict(env))
     where = "CUDA_VISIBLE_DEVICES" if env.get("CUDA_VISIBLE_DEVICES") is not None else "nvidia-smi"
@@ -259,13 +259,14 @@ def _same_interpreter(python: str) -> bool:
 
 
 def _default_vllm_python(vllm_python: str | None, env: Mapping[str, str]) -> str | None:
-    from kvctl.vllm_launch import VLLM_PYTHON_ENV
+    from kvctl.serve.vllm_launch import VLLM_PYTHON_ENV
 
     return vllm_python or env.get(VLLM_PYTHON_ENV) or None
 
 
 def check_mooncake_master() -> Check:
-    from kvctl.mooncake_master import INSTALL_HINT, MasterError, find_master_executable
+    from kvctl.serve.master_process import INSTALL_HINT, find_master_executable
+    from kvctl.transport.master_admin import MasterError
 
     try:
         exe = find_master_executable()
@@ -297,8 +298,8 @@ def _master_capabilities(exe: str, banner: str) -> Check:
     (kvctl/data/mooncake_facts.json)."""
     from packaging.version import Version
 
-    from kvctl.capabilities import mooncake_facts, mooncake_has, mooncake_since
-    from kvctl.mooncake_master import KVCTL_MASTER_FLAGS
+    from kvctl.facts.capabilities import mooncake_facts, mooncake_has, mooncake_since
+    from kvctl.serve.master_process import KVCTL_MASTER_FLAGS
 
     match = _MASTER_VERSION.search(banner)
     if match is None:
@@ -395,7 +396,7 @@ def check_hash_seed(env: Mapping[str, str]) -> Check:
 
 
 def check_state_dir(override: str | Path | None = None) -> Check:
-    from kvctl import runs
+    from kvctl.serve import runs
 
     path = runs.state_dir(override)
     fix = f"set {runs.STATE_DIR_ENV} (or pass --state-dir) to a folder you can write"

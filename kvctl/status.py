@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvctl.errors import UsageError
-from kvctl.http_base import HttpPool, max_concurrency, shared_pool
+from kvctl.transport.http import HttpPool
+from kvctl.transport.pool import max_concurrency, shared_pool
 from kvctl.targets import URLS_ENV, Fleet, Replica, build_fleet, normalize_master
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from kvctl.procs import ProcessRef
-    from kvctl.runs import RunRecord
+    from kvctl.serve.procs import ProcessRef
+    from kvctl.serve.runs import RunRecord
 
 DEFAULT_TIMEOUT = 5.0
 TARGET_HINT = (f"pass --run NAME (a fleet started by kvctl serve), --url URL (repeatable), "
@@ -143,7 +144,7 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
     """What `kvctl status` looks at: --run NAME (with ray, the run as that Ray cluster records it),
     else --url/--inventory/KVCTL_URLS, else the only live run in the state dir. UsageError (exit 2)
     when none of them names anything."""
-    from kvctl import runs
+    from kvctl.serve import runs
 
     env = os.environ if env is None else env
     if run is not None and (urls or inventory is not None):
@@ -152,7 +153,7 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
     if ray is not None:
         if run is None:
             raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
-        from kvctl import ray_fleet
+        from kvctl.serve import ray_fleet
 
         record = ray_fleet.load(ray, run, state_dir)
         return Targets(_fleet_of(record, master), record)
@@ -206,7 +207,7 @@ async def fleet_status(replicas: list[Replica], master: str | None, timeout: flo
     status = FleetStatus(replicas=list(results[:len(replicas)]),
                          master=results[len(replicas)] if master is not None else None)
     if run is not None:
-        from kvctl.lifecycle import liveness
+        from kvctl.serve.lifecycle import liveness
 
         alive = liveness(run)  # pid and start time here; a Ray run's actors answer for theirs
         status.run = run_status(run, alive)
@@ -239,7 +240,7 @@ def _flag_strangers(status: FleetStatus, run: RunRecord, is_ours: Callable[[Proc
 async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> ReplicaStatus:
     """One replica: /health first; if anything answered, /version, /v1/models and /metrics, one after
     the other on one connection (a fleet of thousands then needs one connection per replica)."""
-    from kvctl.vllm_client import VllmClient
+    from kvctl.transport.vllm_client import VllmClient
 
     client = VllmClient(replica.url, timeout=timeout, retries=0, api_key=replica.api_key(), pool=http)
     health = await client.health()
@@ -275,7 +276,7 @@ async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> Re
 
 async def master_status(address: str, timeout: float, http: HttpPool) -> MasterStatus:
     """The master's /health and /metrics, asked at once."""
-    from kvctl.mooncake_master import MasterAdmin
+    from kvctl.transport.master_admin import MasterAdmin
 
     admin = MasterAdmin(address, timeout=timeout, pool=http)
     row = MasterStatus(address=address, reachable=False)
@@ -302,9 +303,9 @@ async def master_status(address: str, timeout: float, http: HttpPool) -> MasterS
 
 def run_status(record: RunRecord, is_ours: Callable[[ProcessRef], bool] | None = None) -> RunStatus:
     """The run as recorded, and which of its processes are still the ones it started (`is_ours`:
-    kvctl.lifecycle.liveness of the run)."""
+    kvctl.serve.lifecycle.liveness of the run)."""
     if is_ours is None:
-        from kvctl.lifecycle import liveness
+        from kvctl.serve.lifecycle import liveness
 
         is_ours = liveness(record)
     return RunStatus(

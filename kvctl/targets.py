@@ -171,11 +171,11 @@ def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, ma
     inv_rpc: tuple[str, ...] = ()
     if run is not None:
         if ray is not None:
-            from kvctl import ray_fleet
+            from kvctl.serve import ray_fleet
 
             record = ray_fleet.load(ray, run, state_dir)
         else:
-            from kvctl import runs
+            from kvctl.serve import runs
 
             record = runs.load(run, state_dir)
         replicas += [Replica(r.url, r.name) for r in record.replicas]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kvctl.capabilities import table
+from kvctl.facts.capabilities import table
 from kvctl.errors import UsageError
-from kvctl.versions import parse_version, version_from_server_payload
+from kvctl.facts.versions import parse_version, version_from_server_payload
 
 FACTS_TABLE = Path(__file__).resolve().parent / "data" / "facts_capability_table.md"
 

@@ -13,7 +13,7 @@ import yaml
 
 
 def test_version_and_help(cli) -> None:
-    from kvctl import __version__
+    from kvctl._version import __version__
 
     assert cli("--version").stdout.strip() == f"kvctl {__version__}"
     help_text = cli("--help").stdout
@@ -53,9 +53,9 @@ def test_render_json_pd_role(cli) -> None:
 
 
 def test_render_defaults_to_newest_known_without_vllm(cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from kvctl.capabilities import table
+    from kvctl.facts.capabilities import table
 
-    monkeypatch.setattr("kvctl.versions.installed_vllm", lambda: None)
+    monkeypatch.setattr("kvctl.facts.versions.installed_vllm", lambda: None)
     result = cli("config", "render", "mooncake-store", "--out", str(tmp_path / "b"))
     assert result.exit_code == 0, result.stderr
     manifest = json.loads((tmp_path / "b" / "bundle.json").read_text())
@@ -158,7 +158,7 @@ def test_compat_check_config_file(cli, tmp_path: Path) -> None:
 
 
 def test_compat_check_without_vllm_installed(cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kvctl.versions.installed_vllm", lambda: None)
+    monkeypatch.setattr("kvctl.facts.versions.installed_vllm", lambda: None)
     result = cli("compat", "check")
     assert result.exit_code == 2 and "no vLLM installed here" in result.stderr
 
@@ -172,7 +172,7 @@ def test_compat_matrix(cli) -> None:
 
 # Not a speed test (that is make bench): it catches an import that would cost the time (Ray: only
 # with --ray, tests/test_ray_fleet.py; aiohttp: only for fleets of KVCTL_FAST_HTTP_MIN_HOSTS replicas
-# or more, kvctl/http_aio.py; pydantic, ~0.1 s: Typer >= 0.26 would import it to coerce options,
+# or more, kvctl/transport/aio.py; pydantic, ~0.1 s: Typer >= 0.26 would import it to coerce options,
 # kvctl/cli/coercion.py does that for kvctl's option types).
 HEAVY = ("vllm", "torch", "mooncake", "ray", "aiohttp", "pydantic")
 PROBE = """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvctl.compat import assess, matrix, matrix_markdown
-from kvctl.versions import parse_version
+from kvctl.facts.compat import assess, matrix, matrix_markdown
+from kvctl.facts.versions import parse_version
 
 STORE = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}
 LMCACHE = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}

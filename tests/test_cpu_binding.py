@@ -1,4 +1,4 @@
-"""How kvctl serve shares a machine's cores among vLLM CPU replicas (kvctl/cpu_binding.py)."""
+"""How kvctl serve shares a machine's cores among vLLM CPU replicas (kvctl/serve/cpu_binding.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from kvctl import cpu_binding
-from kvctl.cpu_binding import NOBIND, id_list, plan
+from kvctl.serve import cpu_binding
+from kvctl.serve.cpu_binding import NOBIND, id_list, plan
 
 
 def test_two_replicas_on_two_cores_get_one_core_each() -> None:

@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from update_docs import BEGIN, END, replace_section  # noqa: E402
 
-from kvctl.compat import matrix_markdown  # noqa: E402
+from kvctl.facts.compat import matrix_markdown  # noqa: E402
 
 
 def test_compat_md_matrix_is_current() -> None:
@@ -25,9 +25,9 @@ def test_readme_exit_codes_match_the_cli() -> None:
     from kvctl.cli import errors
 
     readme = (ROOT / "README.md").read_text()
-    from kvctl import reset
+    from kvctl.errors import EXIT_PARTIAL
 
-    for code in (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_USAGE, reset.EXIT_PARTIAL):
+    for code in (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_USAGE, EXIT_PARTIAL):
         assert re.search(rf"\|\s*`?{code}`?\s*\|", readme), f"exit code {code} missing from README"
 
 
@@ -40,11 +40,11 @@ def test_ci_doc_commands_run_as_written(tmp_path: Path, monkeypatch) -> None:
 
     from packaging.version import Version
 
-    from kvctl.versions import InstalledVllm
+    from kvctl.facts.versions import InstalledVllm
 
     monkeypatch.chdir(tmp_path)
     # the plain-shell example reads the job's installed vLLM; stand one in through its metadata answer
-    monkeypatch.setattr("kvctl.versions.installed_vllm", lambda: InstalledVllm("vllm", Version("0.23.0")))
+    monkeypatch.setattr("kvctl.facts.versions.installed_vllm", lambda: InstalledVllm("vllm", Version("0.23.0")))
     (tmp_path / "configs").mkdir()
     rendered = CliRunner().invoke(app, ["config", "render", "mooncake-store", "--vllm-version", "0.23.0"])
     (tmp_path / "configs" / "rollout.yaml").write_text(rendered.stdout)

@@ -24,7 +24,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def python_double(tmp_path: Path, packages: dict[str, str], exit_code: int = 0) -> str:
     """A FAKE INTERPRETER (test double): whatever `-c CODE` it is given, it prints the installed-
-    packages JSON that kvctl's metadata probes print (kvctl/vllm_launch.py _PROBE), and exits."""
+    packages JSON that kvctl's metadata probes print (kvctl/serve/vllm_launch.py _PROBE), and exits."""
     path = tmp_path / "python-double"
     path.write_text("#!/bin/sh\n"
                     "# TEST DOUBLE of a python interpreter: answers kvctl's package-metadata probe.\n"
@@ -92,7 +92,7 @@ def test_doctor_finds_the_vllm_env_make_built(cli, tmp_path: Path, monkeypatch: 
 
 
 def test_a_named_env_wins_over_the_built_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvctl.vllm_launch import built_vllm_env, find_vllm
+    from kvctl.serve.vllm_launch import built_vllm_env, find_vllm
 
     monkeypatch.delenv("KVCTL_VLLM_ENV", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -217,7 +217,7 @@ def test_master_executable_that_cannot_load_its_libraries(tmp_path: Path, monkey
     fake.write_text("#!/bin/sh\necho 'mooncake_master: error while loading shared libraries: libibverbs.so.1: "
                     "cannot open shared object file: No such file or directory' >&2\nexit 127\n")
     fake.chmod(0o755)
-    monkeypatch.setattr("kvctl.mooncake_master.find_master_executable", lambda: str(fake))
+    monkeypatch.setattr("kvctl.serve.master_process.find_master_executable", lambda: str(fake))
     check = doctor.check_mooncake_master()
     assert check.status == "fail" and "exited 127" in check.detail
     assert check.fix == "apt-get install -y libibverbs1"

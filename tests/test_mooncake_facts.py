@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kvctl.mooncake_master import MasterError, MasterProcess, find_master_executable
+from kvctl.transport.master_admin import MasterError
+from kvctl.serve.master_process import MasterProcess, find_master_executable
 from tools.capabilities import mooncake_facts as mf
 
 FACTS_FILE = Path(mf.OUTPUT)

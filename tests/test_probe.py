@@ -1,4 +1,4 @@
-"""kvctl.probe: the comparison rules, prompt files, and what cannot be probed (version facts)."""
+"""kvctl.reset.probe: the comparison rules, prompt files, and what cannot be probed (version facts)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvctl.errors import UsageError
-from kvctl.probe import (
+from kvctl.reset.probe import (
     EXIT_INCONCLUSIVE,
     PromptResult,
     ProbeOptions,

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import lifecycle, procs, runs
+from kvctl.serve import lifecycle
+from kvctl.serve import procs
+from kvctl.serve import runs
 from kvctl.errors import KvctlError, UsageError
-from kvctl.ports import free_port
-from kvctl.ray_fleet import Node, RayFleetError, connect
-from kvctl.ray_serve import place
+from kvctl.serve.ports import free_port
+from kvctl.serve.ray_fleet import Node, RayFleetError, connect
+from kvctl.serve.ray_start import place
 
 HEAD = Node("h" * 56, "10.0.0.1", head=True, resources={"CPU": 8.0})
 W1 = Node("a" * 56, "10.0.0.2", resources={"CPU": 8.0})
@@ -159,7 +161,7 @@ def test_connect_without_ray_installed_says_how_to_get_it(monkeypatch: pytest.Mo
 
 def test_errors_cross_process_boundaries_with_their_fix() -> None:
     """A Ray actor's error reaches kvctl pickled: message and fix both arrive."""
-    from kvctl.serve import ServeError
+    from kvctl.serve.spec import ServeError
 
     for error in (UsageError("bad", "do this"), ServeError("failed"), KvctlError("x", "y")):
         again = pickle.loads(pickle.dumps(error))

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvctl import templates
-from kvctl.capabilities import table
+from kvctl.config import templates
+from kvctl.facts.capabilities import table
 from kvctl.errors import UsageError
-from kvctl.render import render, write_bundle
+from kvctl.config.render import render, write_bundle
 from kvctl.validate import validate_kv_transfer_config, validate_mooncake_config
-from kvctl.versions import parse_version
+from kvctl.facts.versions import parse_version
 
 VERSIONS = ["0.13.0", "0.16.0", "0.21.0", "0.23.0", "0.32.0", "0.33.0"]
 ROLE = {"mooncake-pd": {"role": "producer"}, "mooncake-pd-store": {"role": "consumer"}}

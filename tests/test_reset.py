@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 import kvctl
-from kvctl.reset import ResetOptions, hard_reset_fleet, plan_reset
+from kvctl.reset.plan import ResetOptions, plan_reset
+from kvctl.reset.execute import hard_reset_fleet
 from kvctl.targets import Replica, build_fleet
 
 from .doubles import DoubleFleet, Faults, MasterDouble, SharedStore, VllmDouble

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import lifecycle, procs, runs
+from kvctl.serve import lifecycle
+from kvctl.serve import procs
+from kvctl.serve import runs
 from kvctl.errors import UsageError
 
 from .test_serve import fake_python

@@ -18,8 +18,10 @@ import psutil
 import pytest
 from packaging.version import Version
 
-from kvctl import cpu_binding, procs, runs
-from kvctl.vllm_launch import VllmInstall, replica_command, replica_env, tensor_parallel_size
+from kvctl.serve import cpu_binding
+from kvctl.serve import procs
+from kvctl.serve import runs
+from kvctl.serve.vllm_launch import VllmInstall, replica_command, replica_env, tensor_parallel_size
 
 from .integration.helpers import require_mooncake
 
@@ -285,7 +287,7 @@ def test_foreground_replica_crash_stops_the_rest(tmp_path: Path, mooncake: None)
 
 
 def test_serve_against_an_external_master(cli, tmp_path: Path, mooncake: None) -> None:
-    from kvctl.mooncake_master import MasterProcess
+    from kvctl.serve.master_process import MasterProcess
 
     with MasterProcess(log_path=tmp_path / "master.log") as master:
         result = cli(*serve_args(tmp_path, "ext", "--detach", "--master", master.rpc_address,

@@ -18,8 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from kvctl import runs
-from kvctl.procs import ProcessRef
+from kvctl.serve import runs
+from kvctl.serve.procs import ProcessRef
 from kvctl.status import FleetStatus, fleet_status, hit_rate
 from kvctl.targets import Replica
 

@@ -1,4 +1,4 @@
-"""kvctl.store_client.available(): finds Mooncake's store client without importing Mooncake."""
+"""kvctl.transport.store_client.available(): finds Mooncake's store client without importing Mooncake."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECK = ("import sys; from kvctl.store_client import available; "
+CHECK = ("import sys; from kvctl.transport.store_client import available; "
          "print(available(), 'mooncake' in sys.modules)")
 
 

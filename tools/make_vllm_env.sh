@@ -6,7 +6,7 @@
 #   VLLM_PY=$(tools/make_vllm_env.sh | tail -n1)
 #
 # kvctl serve and kvctl doctor find this env by themselves when neither --vllm-python nor
-# KVCTL_VLLM_PYTHON names one and kvctl's own Python has no vLLM (kvctl/vllm_launch.py
+# KVCTL_VLLM_PYTHON names one and kvctl's own Python has no vLLM (kvctl/serve/vllm_launch.py
 # built_vllm_env reads the same KVCTL_VLLM_ENV, default folder and stamp file).
 #
 # Idempotent: a complete env carries a stamp file holding the versions it was built with; when the

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvctl.compat import matrix_markdown  # noqa: E402
+from kvctl.facts.compat import matrix_markdown  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN GENERATED MATRIX (make docs) -->", "<!-- END GENERATED MATRIX -->"
 

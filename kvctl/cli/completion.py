@@ -10,7 +10,7 @@ from __future__ import annotations
 
 def template_names(incomplete: str) -> list[str]:
     try:
-        from kvctl.templates import discover
+        from kvctl.config.templates import discover
 
         return [name for name in discover() if name.startswith(incomplete)]
     except Exception:  # noqa: BLE001 - completion must never fail loudly
@@ -19,7 +19,7 @@ def template_names(incomplete: str) -> list[str]:
 
 def run_names(incomplete: str) -> list[str]:
     try:
-        from kvctl.runs import RUN_FILE, runs_dir
+        from kvctl.serve.runs import RUN_FILE, runs_dir
 
         base = runs_dir()
         names = sorted(p.parent.name for p in base.glob(f"*/{RUN_FILE}")) if base.is_dir() else []

@@ -29,7 +29,7 @@ def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = Fa
     """List templates: name, connectors, vLLM range, description."""
     from rich.markup import escape
 
-    from kvctl import templates
+    from kvctl.config import templates
     from kvctl.cli import output
 
     rows = [
@@ -56,7 +56,7 @@ def show_template(
     """Show a template's parameters (type, default, help), layout and notes."""
     from rich.markup import escape
 
-    from kvctl import templates
+    from kvctl.config import templates
     from kvctl.cli import output
 
     t = templates.load(name, template_path)
@@ -95,11 +95,11 @@ def render(
 
     Notes on what was fitted to the version go to stderr, so stdout stays pipeable.
     """
-    from kvctl import templates
-    from kvctl.capabilities import resolve_target
+    from kvctl.config import templates
+    from kvctl.facts.capabilities import resolve_target
     from kvctl.cli import output
-    from kvctl.render import render as do_render
-    from kvctl.render import write_bundle
+    from kvctl.config.render import render as do_render
+    from kvctl.config.render import write_bundle
 
     from kvctl.errors import UsageError
 
@@ -138,7 +138,7 @@ def validate(
     Reports every problem with file:line, what is wrong and how to fix it; exit 1 when any is an
     error, 2 when the input cannot be read (with --json, an error object on stdout too).
     """
-    from kvctl.capabilities import resolve_target
+    from kvctl.facts.capabilities import resolve_target
     from kvctl.cli import output
     from kvctl.errors import KvctlError
     from kvctl.validate import validate_path

@@ -1,6 +1,6 @@
 """One place that turns kvctl errors into a message and an exit code.
 
-Exit codes: 0 ok, 1 a check failed (or an operation failed), 2 bad usage or input.
+Exit codes (kvctl/errors.py): 0 ok, 1 a check failed (or an operation failed), 2 bad usage or input.
 Tracebacks only with --debug or KVCTL_DEBUG=1.
 """
 
@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import typer
 
-from kvctl.errors import KvctlError
+from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, KvctlError
 
 F = TypeVar("F", bound=Callable[..., Any])
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "debug_enabled", "handle_errors"]
 
 
 def debug_enabled() -> bool:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvctl import __version__
+from kvctl._version import __version__
 from kvctl.cli import compat, config
 from kvctl.cli.coercion import install as install_coercion
 from kvctl.cli.reset import reset

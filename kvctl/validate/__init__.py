@@ -6,7 +6,7 @@ where it is (file:line), what is wrong and how to fix it.
     env.py        of the servers' environment           lmcache.py        of an LMCache config
     bundle.py     of a rendered bundle as a whole
 
-Version facts come only from kvctl.capabilities. Core library: no printing, no CLI imports, and
+Version facts come only from kvctl.facts.capabilities. Core library: no printing, no CLI imports, and
 never imports vllm, torch or mooncake (validate must run on a control node without them).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from packaging.version import Version
 
 from kvctl.errors import UsageError
-from kvctl.templates import connector_names
+from kvctl.config.templates import connector_names
 from kvctl.validate.env import validate_env
 from kvctl.validate.kv_config import validate_kv_transfer_config, version_notes
 from kvctl.validate.lmcache import validate_lmcache_config
@@ -35,7 +35,7 @@ from kvctl.validate.mooncake_file import validate_mooncake_config
 from kvctl.validate.readers import not_found, read
 from kvctl.validate.readers.documents import node_lines, parse_document
 from kvctl.validate.readers.env_file import read_env_file
-from kvctl.versions import parse_version
+from kvctl.facts.versions import parse_version
 
 __all__ = [
     "ERROR", "WARNING", "Problem", "SourceLines", "ValidationReport", "load_kv_transfer_config",

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvctl.bundle_layout import BUNDLE_FILES
+from kvctl.facts.bundle_layout import BUNDLE_FILES
 from kvctl.validate.env import STORE_CONNECTOR
 from kvctl.validate.model import ERROR, WARNING, Collector, Problem, SourceLines
 

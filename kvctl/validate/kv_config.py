@@ -1,7 +1,7 @@
 """Checks of one kv_transfer_config against one vLLM release (children of a MultiConnector too).
 
 Knows nothing of file formats: it gets the config as data and the line of each key.
-Version facts come only from kvctl.capabilities.
+Version facts come only from kvctl.facts.capabilities.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from kvctl.capabilities import table
+from kvctl.facts.capabilities import table
 from kvctl.validate.field_types import type_error
 from kvctl.validate.model import (
     ERROR,
@@ -26,7 +26,7 @@ from kvctl.validate.model import (
     placeholder,
 )
 from kvctl.validate.mooncake_file import MOONCAKE_KEYS
-from kvctl.versions import parse_version
+from kvctl.facts.versions import parse_version
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 LOAD_FAILURE_POLICIES = ("recompute", "fail")

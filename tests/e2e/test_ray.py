@@ -23,16 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import procs, runs
-from kvctl.cpu_binding import parse_ids
-from kvctl.ports import free_port
+from kvctl.serve import procs
+from kvctl.serve import runs
+from kvctl.serve.cpu_binding import parse_ids
+from kvctl.serve.ports import free_port
 
 from .conftest import _LOGS, VLLM_ARGS, kvctl, master_keys, need, probe, receipt, reset_local, wait_for_keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 NAME = "rayrun"
 # Set for the cluster's processes (they inherit it) and for every kvctl driver: Ray otherwise swaps a
-# loopback address for this machine's outward IP (see kvctl.ray_fleet.connect); no usage reports.
+# loopback address for this machine's outward IP (see kvctl.serve.ray_fleet.connect); no usage reports.
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import procs, runs
+from kvctl.serve import procs
+from kvctl.serve import runs
 
 from .conftest import VLLM_ARGS, kvctl
 

@@ -99,7 +99,7 @@ def test_scoped_reset_keeps_another_deployments_keys(stack: Stack) -> None:
     outside vLLM (requests succeed, canaries verify, the stale prompt is recomputed)."""
     from ..integration.helpers import StoreWriter
 
-    from kvctl.store_client import remove_matching
+    from kvctl.transport.store_client import remove_matching
 
     a, b = stack.urls
     probe(a, stack.model)

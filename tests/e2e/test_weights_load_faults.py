@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvctl import procs, runs
-from kvctl.vllm_launch import find_vllm, replica_command, replica_env
+from kvctl.serve import procs
+from kvctl.serve import runs
+from kvctl.serve.vllm_launch import find_vllm, replica_command, replica_env
 
 from .conftest import HTTP_TIMEOUT, PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local, start_stack, \
     stop_stack, wait_for_keys

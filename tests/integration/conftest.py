@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvctl.mooncake_master import MasterProcess
+from kvctl.serve.master_process import MasterProcess
 
 from .helpers import LEASE_TTL, StoreWriter, admin_call, require_mooncake
 

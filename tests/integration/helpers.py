@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kvctl.mooncake_master import INSTALL_HINT, MasterAdmin, MasterError, find_master_executable
+from kvctl.serve.master_process import INSTALL_HINT, find_master_executable
+from kvctl.transport.master_admin import MasterAdmin, MasterError
 
 T = TypeVar("T")
 

@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 
-from kvctl import store_client
-from kvctl.mooncake_master import MasterAdmin, MasterProcess
-from kvctl.reset import ResetOptions, execute_plan, plan_reset
+from kvctl.transport import store_client
+from kvctl.transport.master_admin import MasterAdmin
+from kvctl.serve.master_process import MasterProcess
+from kvctl.reset.plan import ResetOptions, plan_reset
+from kvctl.reset.execute import execute_plan
 from kvctl.targets import build_fleet
 
 from ..doubles import DoubleFleet, VllmDouble
@@ -276,7 +278,7 @@ def test_leader_change_between_plan_and_execute(failover, clears: list[str], tmp
 
 def _first_check_is_stale(monkeypatch: pytest.MonkeyPatch, plan: Any) -> dict[str, int]:
     """Make the check just before the clear return what the plan saw (the old leader), once."""
-    from kvctl import master_select
+    from kvctl.reset import leader as master_select
 
     real = master_select.choose_serving
     calls = {"n": 0}

@@ -1,4 +1,4 @@
-"""kvctl.mooncake_master against a real mooncake_master and a real store client (loopback only)."""
+"""kvctl.transport.master_admin against a real mooncake_master and a real store client (loopback only)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvctl.mooncake_master import MasterAdmin, MasterError, MasterProcess
+from kvctl.transport.master_admin import MasterAdmin, MasterError
+from kvctl.serve.master_process import MasterProcess
 
 from .helpers import StoreWriter, admin_call, require_mooncake, run, wait_for
 
@@ -85,7 +86,7 @@ def test_remove_all_on_an_empty_master(empty_master: MasterProcess) -> None:
 
 
 def test_admin_accepts_a_url_and_a_shared_pool(master: MasterProcess) -> None:
-    from kvctl.http_base import HttpPool
+    from kvctl.transport.http import HttpPool
 
     async def go() -> dict:
         async with HttpPool() as pool:

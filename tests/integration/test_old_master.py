@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from kvctl.mooncake_master import MasterProcess
+from kvctl.serve.master_process import MasterProcess
 
 from ..doubles import DoubleFleet, OldMasterFront, VllmDouble
 from .helpers import StoreWriter, admin_call

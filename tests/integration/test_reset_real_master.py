@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvctl.mooncake_master import MasterProcess
+from kvctl.serve.master_process import MasterProcess
 
 from ..doubles import DoubleFleet, VllmDouble
 from .helpers import StoreWriter, admin_call

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kvctl.bundle_layout import VERL_PATH
+from kvctl.facts.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe, join
 from kvctl.validate.readers.documents import loads, node_lines, parse_documents, text_lines
 from kvctl.validate.readers.shell import Command, Token, configs_in_command, read_launch_text
@@ -76,7 +76,7 @@ def _moved(artifact: Artifact, offset: int) -> Artifact:
 
 def _only_fields(data: dict[str, Any]) -> bool:
     """A fragment of a kv_transfer_config: every key a KVTransferConfig field of some release."""
-    from kvctl.capabilities import table
+    from kvctl.facts.capabilities import table
 
     return bool(data) and all(str(key) in table().fields for key in data)
 

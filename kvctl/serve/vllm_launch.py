@@ -22,7 +22,7 @@ from typing import Any
 from packaging.version import Version
 
 from kvctl.errors import UsageError
-from kvctl.versions import VLLM_DISTRIBUTIONS
+from kvctl.facts.versions import VLLM_DISTRIBUTIONS
 
 VLLM_PYTHON_ENV = "KVCTL_VLLM_PYTHON"
 MODULE = "vllm.entrypoints.openai.api_server"

@@ -3,7 +3,7 @@
 Standalone on purpose: it imports nothing from kvctl, so it runs with the Python of the vLLM
 environment (tools/make_vllm_env.sh), which has torch, transformers and tokenizers:
 
-    $VLLM_PY kvctl/tiny_model.py OUT_DIR [--seed N]
+    $VLLM_PY tools/tiny_model.py OUT_DIR [--seed N]
 
 What it writes into OUT_DIR (a Hugging Face model folder, safetensors):
 - a byte-level BPE tokenizer trained on a few built-in sentences (vocab ~400, specials
@@ -156,7 +156,7 @@ def generate(out_dir: Path, seed: int) -> bool:
         missing = [name for name in REQUIRED_FILES if not (tmp / name).is_file()]
         if missing:
             raise RuntimeError(f"save_pretrained wrote no {', '.join(missing)}")
-        marker = {"generator": "kvctl/tiny_model.py", "generator_version": GENERATOR_VERSION,
+        marker = {"generator": "tools/tiny_model.py", "generator_version": GENERATOR_VERSION,
                   "seed": seed, "vocab_size": len(tokenizer), **MODEL_SHAPE,
                   "dtype": "float32", "files": sorted(p.name for p in tmp.iterdir())}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")

@@ -67,7 +67,7 @@ def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A preexec_fn that makes the child receive `sig` when its parent dies (prctl PR_SET_PDEATHSIG,
     Linux; None elsewhere): a Mooncake master started by a Ray actor ends with the actor, however it
     dies. libc's prctl is looked up here, in the parent, so the child only calls it between fork and
-    exec. (A vLLM replica needs more: kvctl.ray_actors.KEEPER.)"""
+    exec. (A vLLM replica needs more: kvctl.serve.ray_actors.KEEPER.)"""
     import ctypes
     import os
     import sys

@@ -11,7 +11,7 @@ state alone: a run recorded running whose processes are all gone is listed as `e
 
 A run started on a Ray cluster (`kvctl serve --ray`) has the same record, with `ray` set (the
 cluster's address) and each process's node; its processes run on other machines, so whether they
-live is what their Ray actors say (kvctl.ray_fleet.liveness), and the record also lives in the
+live is what their Ray actors say (kvctl.serve.ray_fleet.liveness), and the record also lives in the
 cluster's key-value store so any machine that reaches the cluster can find it.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.errors import UsageError
-from kvctl.procs import ProcessRef, is_ours
+from kvctl.serve.procs import ProcessRef, is_ours
 
 STATE_DIR_ENV = "KVCTL_STATE_DIR"
 RUN_FILE = "run.json"
@@ -285,7 +285,7 @@ def summarize(record: RunRecord, folder: Path | None, now: float | None = None,
               alive: Callable[[ProcessRef], bool] | None = None) -> RunSummary:
     """The run as `kvctl runs` shows it; its name is its folder's (what --run and rm take), or the
     record's for a Ray run read from its cluster (folder None). A Ray run is checked only when `alive`
-    is given (kvctl.ray_fleet.liveness asks the cluster); else its recorded state stands and `checked`
+    is given (kvctl.serve.ray_fleet.liveness asks the cluster); else its recorded state stands and `checked`
     is False."""
     checked = record.ray is None or alive is not None
     live = live_processes(record, alive or is_ours) if checked else []

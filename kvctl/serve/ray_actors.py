@@ -1,12 +1,12 @@
 """The Ray side of `kvctl serve --ray`: one actor per process, on the node kvctl chose for it.
 
 A `ProcessActor` is created named (`<run>/master`, `<run>/r0`, ...), detached and in the namespace
-`kvctl` by kvctl.ray_serve. On its node it picks a free port, writes the rendered config it is
+`kvctl` by kvctl.serve.ray_start. On its node it picks a free port, writes the rendered config it is
 given (as text) into a node-local run folder, and starts its process (the Mooncake master, or a
-vLLM replica through kvctl.vllm_launch, as `kvctl serve` does locally) in its own session, tied to
+vLLM replica through kvctl.serve.vllm_launch, as `kvctl serve` does locally) in its own session, tied to
 the actor's life: when the actor dies, even by `ray.kill`, a replica gets SIGTERM and stops its
 whole tree (KEEPER says how), and the master ends too. `stop()` stops the process tree gracefully
-(kvctl.procs.stop); kvctl then kills the actor.
+(kvctl.serve.procs.stop); kvctl then kills the actor.
 
 The actor asks Ray for no CPU (num_cpus=0): it only waits, and the vLLM process it starts is not
 Ray-scheduled work, so reserving Ray's CPU slots for it would only keep other tasks off the node
@@ -30,10 +30,12 @@ from typing import Any
 
 import ray
 
-from kvctl import cpu_binding, procs, runs
-from kvctl.ports import free_port
-from kvctl.procs import ProcessRef
-from kvctl.serve import ServeError
+from kvctl.serve import cpu_binding
+from kvctl.serve import procs
+from kvctl.serve import runs
+from kvctl.serve.ports import free_port
+from kvctl.serve.procs import ProcessRef
+from kvctl.serve.spec import ServeError
 
 NODE_DIR = "ray-runs"  # <node's kvctl state dir>/ray-runs/<run>/<start>/<process>/: config, log, private dirs
 KEEPER_START_TIMEOUT = 30.0
@@ -100,7 +102,7 @@ class ProcessActor:
     # -- the Mooncake master
     def start_master(self) -> dict[str, Any]:
         """mooncake_master bound to this node's IP on free ports, ready (its /health) when this returns."""
-        from kvctl.mooncake_master import MasterProcess
+        from kvctl.serve.master_process import MasterProcess
 
         self.folder.mkdir(parents=True, exist_ok=True)
         self.log = self.folder / "mooncake_master.log"
@@ -120,7 +122,7 @@ class ProcessActor:
     # -- a vLLM replica
     def prepare(self, vllm_python: str | None) -> dict[str, Any]:
         """Which vLLM this node has (default: this Python's, or $KVCTL_VLLM_PYTHON here) and a free port."""
-        from kvctl.vllm_launch import find_vllm
+        from kvctl.serve.vllm_launch import find_vllm
 
         self.install = find_vllm(vllm_python)
         self.port = free_port(self.ip)
@@ -135,7 +137,7 @@ class ProcessActor:
     def start_replica(self, model: str, kv_transfer_config: dict[str, Any], extra_args: list[str],
                       files: dict[str, str], bundle_env: dict[str, str], cpus: str | None) -> dict[str, Any]:
         """Write the config files, start the replica on this node's IP; returns at once (wait_ready waits)."""
-        from kvctl.vllm_launch import is_loopback, replica_command, replica_env
+        from kvctl.serve.vllm_launch import is_loopback, replica_command, replica_env
 
         config = self.folder / "config"
         config.mkdir(parents=True, exist_ok=True)
@@ -244,5 +246,5 @@ def _start_kept(command: list[str], env: dict[str, str], log: Path, name: str,
 @ray.remote(num_cpus=0, max_retries=0)
 def reap(refs: list[dict[str, Any]], grace: float) -> list[str]:
     """On one node: stop each of these processes that is still there (pid AND start time), and say
-    what it was (kvctl.procs.stop's answer: stopped, killed, not running, not ours)."""
+    what it was (kvctl.serve.procs.stop's answer: stopped, killed, not running, not ours)."""
     return [procs.stop(ProcessRef(int(r["pid"]), float(r["start_time"]), str(r["name"])), grace) for r in refs]

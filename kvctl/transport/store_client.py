@@ -4,7 +4,7 @@ The master's HTTP admin API can only clear everything (`POST /api/v1/remove_all`
 0.3.12.post1); removing one deployment's keys (`^<cache_prefix>@`) or clearing an older master
 needs the store client's `remove_by_regex` / `remove_all`, which talks to the master's RPC port.
 kvctl never imports mooncake itself (the CLI stays light, and a client that hangs in setup must not
-hang kvctl): `python -m kvctl.store_client` runs it and prints one JSON line.
+hang kvctl): `python -m kvctl.transport.store_client` runs it and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _BUFFER_BYTES = 1 << 20
 
 
 class StoreClientError(KvctlError):
-    exit_code = 1
+    """Mooncake's store client could not be run or could not remove the keys (exit code 1)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def available() -> bool:
 def remove_matching(rpc_address: str, pattern: str | None, timeout: float) -> Removal:
     """Remove every key matching `pattern` (a regex; None: every key), forced (leases and
     replication tasks are skipped, as kvctl's HTTP clear does). StoreClientError when it fails."""
-    command = [sys.executable, "-m", "kvctl.store_client", "--master", rpc_address, "--force"]
+    command = [sys.executable, "-m", "kvctl.transport.store_client", "--master", rpc_address, "--force"]
     if pattern is not None:
         command += ["--regex", pattern]
     env = {**os.environ, "MC_LOG_LEVEL": os.environ.get("MC_LOG_LEVEL", "ERROR"),
@@ -91,7 +91,7 @@ def _local_hostname(master_host: str) -> str:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvctl.store_client")
+    parser = argparse.ArgumentParser(prog="python -m kvctl.transport.store_client")
     parser.add_argument("--master", required=True, help="the master's RPC address, host:port")
     parser.add_argument("--regex", help="remove keys matching this regex (default: every key)")
     parser.add_argument("--force", action="store_true")

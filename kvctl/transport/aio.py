@@ -4,7 +4,7 @@ A fleet reset sends eight calls to each replica; at hundreds of replicas the cli
 decides how long it takes, and httpcore's pure-Python stack (h11 parsing, anyio) was most of
 kvctl's (profiled, docs/performance.md section 2). aiohttp parses responses in C (llhttp) and
 runs on asyncio directly. Loaded only for fleets of `FAST_MIN_HOSTS` replicas or more
-(kvctl.http_base.shared_pool): a small reset and every other command keep httpcore and never
+(kvctl.transport.pool.shared_pool): a small reset and every other command keep httpcore and never
 import it.
 
 What stays identical to HttpPool, so VllmClient's retries, timeouts and receipts do not change:
@@ -24,7 +24,13 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from kvctl.http_base import HttpResponse, TransportError, _USER_AGENT, default_ssl_context, with_query
+from kvctl.transport.http import (
+    _USER_AGENT,
+    HttpResponse,
+    TransportError,
+    default_ssl_context,
+    with_query,
+)
 
 _HEADERS = {"User-Agent": _USER_AGENT.decode(), "Accept": "*/*"}
 _JSON_HEADERS = {**_HEADERS, "Content-Type": "application/json"}

@@ -1,15 +1,15 @@
 """`kvctl serve --ray ADDRESS`: the Mooncake master and N vLLM replicas on a Ray cluster.
 
-The same start as kvctl.serve.start_run, in the same order and with the same record, but Ray places
+The same start as kvctl.serve.local.start_run, in the same order and with the same record, but Ray places
 and keeps the processes: kvctl chooses a node for each (`place`, a pure function of the nodes: the
 master on the head, replicas round-robin over the nodes, one per GPU on GPU nodes) and creates there
-a named, detached actor (kvctl.ray_actors.ProcessActor) that starts the process and stops it when
+a named, detached actor (kvctl.serve.ray_actors.ProcessActor) that starts the process and stops it when
 killed. What is fitted per node: the master's address is the head's IP as Ray reports it (every
 node reaches it there), each replica binds its own node's IP on a port free on that node, writes the
 rendered config into a folder on that node (MOONCAKE_CONFIG_PATH pointing there), advertises its
 node's IP to Mooncake, and CPU replicas that share a machine get their own cores.
 
-The record is written as it goes, locally and in the cluster (kvctl.ray_fleet.save); on any failure,
+The record is written as it goes, locally and in the cluster (kvctl.serve.ray_fleet.save); on any failure,
 or Ctrl-C, everything started so far (actors and processes) is stopped and the run is recorded
 failed. Nothing here prints: progress goes to an `on_event` callback.
 """
@@ -24,17 +24,19 @@ from typing import Any
 
 from packaging.version import Version
 
-from kvctl import __version__, ray_fleet, runs
-from kvctl.ray_fleet import Node, RayFleetError
-from kvctl.bundle_layout import BUNDLE_FILES
-from kvctl.cpu_binding import CpuPlan
+from kvctl._version import __version__
+from kvctl.serve import ray_fleet
+from kvctl.serve import runs
+from kvctl.serve.ray_fleet import Node, RayFleetError
+from kvctl.facts.bundle_layout import BUNDLE_FILES
+from kvctl.serve.cpu_binding import CpuPlan
 from kvctl.errors import KvctlError, UsageError
-from kvctl.lifecycle import claim_run, stop_run
-from kvctl.procs import ProcessRef
-from kvctl.runs import MasterRecord, ReplicaRecord, RunRecord
-from kvctl.serve import Event, ServeError, ServeSpec, check_master_reachable, check_spec, remote_admin_refused, \
-    render_config
-from kvctl.vllm_launch import VllmInstall, is_loopback, tensor_parallel_size
+from kvctl.serve.lifecycle import claim_run, stop_run
+from kvctl.serve.procs import ProcessRef
+from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
+from kvctl.serve.local import Event, check_master_reachable, render_config
+from kvctl.serve.spec import ServeError, ServeSpec, check_spec, remote_admin_refused
+from kvctl.serve.vllm_launch import VllmInstall, is_loopback, tensor_parallel_size
 
 PREPARE_TIMEOUT = 300.0  # an actor is scheduled and has looked at its node (a GPU actor may wait for GPUs)
 
@@ -184,7 +186,7 @@ def _claim_in_cluster(name: str, spec: ServeSpec, emit: Event) -> None:
 def _actor(record: RunRecord, name: str, node: Node, gpus: int) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from kvctl.ray_actors import ProcessActor
+    from kvctl.serve.ray_actors import ProcessActor
 
     return ProcessActor.options(
         name=f"{record.name}/{name}", namespace=ray_fleet.NAMESPACE, lifetime="detached", num_gpus=gpus,
@@ -255,7 +257,7 @@ def _one_install(infos: list[dict[str, Any]], placement: Placement) -> VllmInsta
 
 def _cpu_binds(actors: list[Any], infos: list[dict[str, Any]], install: VllmInstall, emit: Event) -> list[str | None]:
     """CPU replicas that share a machine (several Ray nodes can) each get their own cores, planned once
-    per machine before any starts (kvctl.cpu_binding); a replica alone on its machine keeps vLLM's own."""
+    per machine before any starts (kvctl.serve.cpu_binding); a replica alone on its machine keeps vLLM's own."""
     binds: list[str | None] = [None] * len(actors)
     if not install.cpu:
         return binds

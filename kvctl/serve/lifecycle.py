@@ -2,8 +2,8 @@
 
 `stop_run()` stops only processes the run started (pid and start time). `claim_run()` gives a
 new run its folder, keeping an earlier run's files under NAME/previous/, and `remove_runs()`
-deletes folders; neither touches a run with anything alive (kvctl.runs.live_processes). A run on a
-Ray cluster (`kvctl serve --ray`) is stopped and checked through its actors (kvctl.ray_fleet, which
+deletes folders; neither touches a run with anything alive (kvctl.serve.runs.live_processes). A run on a
+Ray cluster (`kvctl serve --ray`) is stopped and checked through its actors (kvctl.serve.ray_fleet, which
 imports Ray only for such a run). Nothing here prints: progress goes to an `on_event` callback.
 """
 
@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvctl import procs, runs
+from kvctl.serve import procs
+from kvctl.serve import runs
 from kvctl.errors import KvctlError, UsageError
-from kvctl.runs import Removed, RunRecord
+from kvctl.serve.runs import Removed, RunRecord
 
 Event = Callable[..., None]
 SETTLE_TIMEOUT = 15.0  # for a foreground kvctl serve to notice its processes are gone and exit
@@ -27,7 +28,7 @@ def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = No
     emit = on_event or (lambda *a, **k: None)
     results = []
     if record.ray is not None:  # each actor stops its process, then the actors are killed
-        from kvctl import ray_fleet
+        from kvctl.serve import ray_fleet
 
         results = ray_fleet.stop_processes(record, grace, emit)
     for ref in record.processes() if record.ray is None else []:
@@ -46,7 +47,7 @@ def liveness(record: RunRecord) -> Callable[[procs.ProcessRef], bool]:
     """How to tell whether a process of the run lives: pid and start time here; a Ray run's actors answer."""
     if record.ray is None:
         return procs.is_ours
-    from kvctl import ray_fleet
+    from kvctl.serve import ray_fleet
 
     return ray_fleet.liveness(record)
 
@@ -55,7 +56,7 @@ def _save(record: RunRecord) -> None:
     if record.ray is None:
         record.save()
         return
-    from kvctl import ray_fleet
+    from kvctl.serve import ray_fleet
 
     ray_fleet.save(record)  # the local folder (if this machine has it) and the cluster's copy
 
@@ -81,7 +82,7 @@ def stop_and_settle(record: RunRecord, grace: float = 10.0, on_event: Event | No
         return results
     if fresh.ray is not None:  # its processes are the actors' to stop, wherever they run
         if set(fresh.processes()) - done:
-            from kvctl import ray_fleet
+            from kvctl.serve import ray_fleet
 
             results += ray_fleet.stop_processes(fresh, grace, on_event)
         return results
@@ -174,7 +175,7 @@ def remove_runs(names: list[str], state_dir: str | Path | None = None, *, force:
             runs.remove_folder(folders[item.name])
     for record in records.values():  # a Ray run's record in its cluster goes too
         if record is not None and record.ray is not None:
-            from kvctl import ray_fleet
+            from kvctl.serve import ray_fleet
 
             ray_fleet.forget(record)
     return removed

@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from kvctl import yamlio
 from kvctl.errors import KvctlError
-from kvctl.versions import parse_version
+from kvctl.facts.versions import parse_version
 
 Availability = Literal["yes", "no", "unknown"]
 Position = Literal["never", "before", "inside", "after"]
@@ -370,8 +370,8 @@ def mooncake_since(kind: str, name: str) -> str | None:
 
 
 def _read(name: str) -> str:
-    # next to this module, as the wheel installs it (importlib.resources costs ~10 ms to import)
-    return (Path(__file__).parent / "data" / name).read_text("utf-8")
+    # kvctl/data, as the wheel installs it (importlib.resources costs ~10 ms to import)
+    return (Path(__file__).resolve().parents[1] / "data" / name).read_text("utf-8")
 
 
 @lru_cache(maxsize=1)
@@ -390,7 +390,7 @@ def table() -> CapabilityTable:
 
 def default_target_version() -> tuple[Version, str]:
     """The vLLM version to fit output to when none is given, and where it came from."""
-    from kvctl.versions import installed_vllm
+    from kvctl.facts.versions import installed_vllm
 
     found = installed_vllm()
     if found is not None:

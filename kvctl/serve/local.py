@@ -2,7 +2,7 @@
 
 `start_run()` does the error-prone parts in order (ports, configs, env, master, replicas, health)
 and records everything in a run folder as it goes; on any failure, or Ctrl-C, it stops what it
-started before raising. Stopping, reusing a run's name and removing a run are in kvctl.lifecycle.
+started before raising. Stopping, reusing a run's name and removing a run are in kvctl.serve.lifecycle.
 Nothing here prints: progress goes to an `on_event` callback.
 """
 
@@ -12,92 +12,28 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvctl import __version__, cpu_binding, procs, runs
-from kvctl.compat import layout_of
+from kvctl._version import __version__
 from kvctl.errors import KvctlError, UsageError
-from kvctl.lifecycle import claim_run, stop_run
-from kvctl.ports import free_port, port_in_use
-from kvctl.runs import MasterRecord, ReplicaRecord, RunRecord
-from kvctl.vllm_launch import VllmInstall, find_vllm, gpu_ids, is_loopback, owned_flags_in, replica_command, \
-    replica_env, tensor_parallel_size
+from kvctl.facts.compat import layout_of
+from kvctl.serve import cpu_binding, procs, runs
+from kvctl.serve.lifecycle import claim_run, stop_run
+from kvctl.serve.ports import free_port, port_in_use
+from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
+from kvctl.serve.spec import ServeError, ServeSpec, check_spec
+from kvctl.serve.vllm_launch import VllmInstall, find_vllm, gpu_ids, replica_command, replica_env, \
+    tensor_parallel_size
 
 Event = Callable[..., None]
-DEFAULT_HEALTH_TIMEOUT = 600.0
-
-
-class ServeError(KvctlError):
-    """The fleet could not be started; everything it had started is stopped again."""
-
-
-@dataclass
-class ServeSpec:
-    model: str
-    template: str = "mooncake-store"
-    overrides: dict[str, str] = field(default_factory=dict)
-    replicas: int = 1
-    master: str = "embedded"  # or the RPC address HOST:PORT of a running master
-    master_admin: str | None = None  # admin/metrics HOST:PORT of that master (for status/reset)
-    host: str = "127.0.0.1"
-    base_port: int | None = None
-    name: str | None = None
-    vllm_python: str | None = None
-    extra_args: list[str] = field(default_factory=list)
-    allow_remote_admin: bool = False
-    state_dir: str | None = None
-    template_path: str | None = None
-    health_timeout: float = DEFAULT_HEALTH_TIMEOUT
-    replace: bool = False  # a live run of this name is stopped first (else refused)
-    foreground: bool = False  # the caller supervises the run after start_run returns (kvctl serve without --detach)
-    ray: str | None = None  # a Ray cluster's address (auto: the running one): start the fleet there (kvctl.ray_serve)
-    ray_master_resource: str | None = None  # with ray: the master goes on a node with this custom resource
-    # Not on the CLI; for measuring candidate settings (benchmarks/transfer.py):
-    replica_env: list[dict[str, str]] = field(default_factory=list)  # per replica, applied last
-    metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the embedded master's)
-
-
-def check_spec(spec: ServeSpec) -> None:
-    """Refusals that need no process: bad counts, and dev-mode servers beyond loopback."""
-    if spec.replicas < 1:
-        raise UsageError(f"--replicas {spec.replicas}: need at least 1")
-    if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
-        raise UsageError(f"--base-port {spec.base_port} is not a usable port")
-    if spec.name is not None:
-        runs.check_name(spec.name)
-    elif spec.replace:
-        raise UsageError("--replace needs --name RUN", "name the run to replace, e.g. --name rl --replace")
-    try:
-        tensor_parallel_size(spec.extra_args)
-    except ValueError:
-        raise UsageError("--tensor-parallel-size/-tp after -- is not a whole number",
-                         "e.g. -- --tensor-parallel-size 2") from None
-    owned = owned_flags_in(spec.extra_args)
-    if owned:
-        flag, instead = owned[0]
-        raise UsageError(f"{flag} after -- would override what kvctl serve sets (vLLM takes the last one)",
-                         f"use kvctl serve's {instead} instead")
-    if not is_loopback(spec.host) and not spec.allow_remote_admin:
-        raise remote_admin_refused(f"--host {spec.host}", "keep --host 127.0.0.1, or pass --allow-remote-admin "
-                                                          "on a network you trust")
-    if spec.master != "embedded" and ":" not in spec.master:
-        raise UsageError(f"--master {spec.master}: give 'embedded' or the master's RPC address HOST:PORT")
-
-
-def remote_admin_refused(what: str, fix: str) -> UsageError:
-    """Dev-mode routes have no authentication: binding them beyond loopback needs explicit consent."""
-    return UsageError(
-        f"{what} would expose the replicas' dev-mode routes (reset, pause, server_info) and the master's admin "
-        "port beyond this machine; they have no authentication (--api-key guards only /v1)", fix)
 
 
 def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
     """Start the master (embedded) and the replicas on this machine, wait until all are healthy, record
-    the run. (On a Ray cluster, spec.ray: kvctl.ray_serve.start_ray_run.)"""
+    the run. (On a Ray cluster, spec.ray: kvctl.serve.ray_start.start_ray_run.)"""
     if spec.ray is not None:
-        raise UsageError("a Ray run is started by kvctl.ray_serve.start_ray_run")
+        raise UsageError("a Ray run is started by kvctl.serve.ray_start.start_ray_run")
     emit = on_event or (lambda *a, **k: None)
     check_spec(spec)
     if Path(spec.model).expanduser().exists():  # a local folder: absolute, since replicas run elsewhere
@@ -146,7 +82,7 @@ def _replica_ports(spec: ServeSpec) -> list[int]:
 
 
 def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event) -> MasterRecord:
-    from kvctl.mooncake_master import MasterProcess
+    from kvctl.serve.master_process import MasterProcess
 
     if spec.master != "embedded":
         check_master_reachable(spec.master)
@@ -174,8 +110,8 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
 
 def render_config(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_dir: Path) -> Any:
     """Render the template for the run (its master, cache_prefix=<run name>) into run_dir/config."""
-    from kvctl import templates
-    from kvctl.render import render, write_bundle
+    from kvctl.config import templates
+    from kvctl.config.render import render, write_bundle
 
     template = templates.load(spec.template, spec.template_path)
     overrides = dict(spec.overrides)

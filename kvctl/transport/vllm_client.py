@@ -15,10 +15,10 @@ from typing import Any
 
 from packaging.version import Version
 
-from kvctl.capabilities import table
 from kvctl.errors import KvctlError
-from kvctl.http_base import HttpClientBase, HttpPool, HttpResponse, TransportError
-from kvctl.versions import version_from_server_payload
+from kvctl.facts.capabilities import table
+from kvctl.facts.versions import version_from_server_payload
+from kvctl.transport.http import HttpClientBase, HttpPool, HttpResponse, TransportError
 
 DEFAULT_TIMEOUT = 10.0
 SERVER_INFO_TIMEOUT = 90.0
@@ -110,7 +110,12 @@ class VllmClient(HttpClientBase):
         request already sent. Returns the answer (or the last retryable failure) and how many
         more requests were sent.
         """
-        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+        from tenacity import (
+            AsyncRetrying,
+            retry_if_exception_type,
+            stop_after_attempt,
+            wait_exponential,
+        )
 
         pending: Exception | None = first
         sent = 0
@@ -163,8 +168,8 @@ class VllmClient(HttpClientBase):
         return outcome.body if isinstance(outcome.body, str) else str(outcome.body)
 
     async def metrics(self) -> Any:
-        """Parsed /metrics (kvctl.metrics.VllmMetrics)."""
-        from kvctl.metrics import parse_vllm_metrics
+        """Parsed /metrics (kvctl.transport.vllm_metrics.VllmMetrics)."""
+        from kvctl.transport.vllm_metrics import parse_vllm_metrics
 
         return parse_vllm_metrics(await self.metrics_text())
 

@@ -23,7 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from kvctl import yamlio
 from kvctl.errors import UsageError
-from kvctl.sizes import parse_size
+from kvctl.facts.sizes import parse_size
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INT_TEXT = re.compile(r"^\s*[+-]?[0-9]{1,19}\s*$", re.ASCII)
@@ -226,7 +226,7 @@ def builtin_dir() -> Path:
     packaged = Path(str(resources.files("kvctl"))) / "templates"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "templates"
+    return Path(__file__).resolve().parents[2] / "templates"
 
 
 def search_dirs(template_path: str | None = None) -> list[Path]:

@@ -21,8 +21,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from kvctl.http_base import HttpPool
-from kvctl.mooncake_master import HaInfo, MasterAdmin, MasterError
+from kvctl.transport.http import HttpPool
+from kvctl.transport.master_admin import HaInfo, MasterAdmin, MasterError
 
 # A new leader spends ~5 s in "leader_warmup" (service_ready false) before it serves (0.3.13.post1).
 WAIT_STEP_S = 0.5

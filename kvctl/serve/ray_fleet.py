@@ -1,7 +1,7 @@
 """A kvctl run on a Ray cluster: connect, nodes, the record in the cluster, liveness, stop, rm.
 
-`kvctl serve --ray ADDRESS` (kvctl.ray_serve) starts the Mooncake master and the vLLM replicas
-through named, detached Ray actors (kvctl.ray_actors) in the namespace `kvctl`, one per process:
+`kvctl serve --ray ADDRESS` (kvctl.serve.ray_start) starts the Mooncake master and the vLLM replicas
+through named, detached Ray actors (kvctl.serve.ray_actors) in the namespace `kvctl`, one per process:
 `<run>/master`, `<run>/r0`, `<run>/r1`, ... Each starts its process on its node and stops it when it
 is told to or killed. kvctl has no supervisor of its own across machines: Ray places and keeps them.
 
@@ -27,10 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl import procs, runs
+from kvctl.serve import procs
+from kvctl.serve import runs
 from kvctl.errors import KvctlError, UsageError
-from kvctl.procs import ProcessRef
-from kvctl.runs import RunRecord
+from kvctl.serve.procs import ProcessRef
+from kvctl.serve.runs import RunRecord
 
 NAMESPACE = "kvctl"
 KV_PREFIX = "run/"
@@ -98,7 +99,7 @@ def _check_reachable(host: str, port: int, address: str, timeout: float = 5.0) -
 
 
 def _loopback(host: str) -> bool:
-    from kvctl.vllm_launch import is_loopback
+    from kvctl.serve.vllm_launch import is_loopback
 
     return is_loopback(host)
 
@@ -267,7 +268,7 @@ def stop_processes(record: RunRecord, grace: float = 10.0,
                    on_event: Callable[..., None] | None = None) -> list[tuple[str, str]]:
     """Stop every process and actor of the run, and nothing else: each actor stops its process (SIGTERM,
     SIGKILL after `grace`) and is killed; any actor named `<run>/...` that the record does not know
-    yet (an interrupted start) is killed too, which ends its process (kvctl.ray_actors). Then a
+    yet (an interrupted start) is killed too, which ends its process (kvctl.serve.ray_actors). Then a
     task on each node stops whatever recorded process is still there (pid AND start time) and reports.
     Raises RayFleetError if an actor of the run is still known to Ray after that."""
     emit = on_event or (lambda *a, **k: None)
@@ -317,7 +318,7 @@ def _sweep(recorded: list[tuple[str, ProcessRef | None, dict[str, str] | None]],
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from kvctl.ray_actors import reap
+    from kvctl.serve.ray_actors import reap
 
     alive_nodes = {n.id for n in nodes()}
     by_node: dict[str, list[ProcessRef]] = {}

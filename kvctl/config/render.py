@@ -18,12 +18,12 @@ from typing import Any
 import yaml
 from packaging.version import Version
 
-from kvctl import __version__
-from kvctl.bundle_layout import BUNDLE_FILES, MANIFEST, VERL_PATH
-from kvctl.capabilities import CapabilityTable, table
+from kvctl._version import __version__
+from kvctl.facts.bundle_layout import BUNDLE_FILES, MANIFEST, VERL_PATH
+from kvctl.facts.capabilities import CapabilityTable, table
 from kvctl.errors import KvctlError, UsageError
-from kvctl.templates import Template, connector_names, fill
-from kvctl.versions import release
+from kvctl.config.templates import Template, connector_names, fill
+from kvctl.facts.versions import release
 
 FORMATS = ("verl", "vllm-args", "json", "env", "mooncake")
 

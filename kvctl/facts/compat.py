@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from packaging.version import Version
 
-from kvctl.capabilities import CapabilityTable, table
+from kvctl.facts.capabilities import CapabilityTable, table
 
 Status = Literal["works", "silent-no-op", "missing", "not-applicable", "unknown"]
 Verdict = Literal["hard-reset", "hard-reset-with-master-clear", "no-hard-reset"]

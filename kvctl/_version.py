@@ -1,0 +1,3 @@
+"""kvctl's version: a leaf module, so that anything may read it without importing the package's API."""
+
+__version__ = "0.1.0"

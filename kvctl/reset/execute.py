@@ -1,0 +1,206 @@
+"""A verified, version-aware hard reset of a vLLM fleet that offloads KV cache to Mooncake.
+
+Read a reset in one walk: `hard_reset_fleet()` plans (kvctl.reset.plan), then `execute_plan()`
+primes the canaries (with --verify, kvctl.reset.verify), pauses (with --pause), resets every replica
+at once (bounded), clears the master where needed (kvctl.reset.master), always resumes, verifies,
+and concludes the receipt (kvctl.reset.receipt).
+
+Nothing here prints: the CLI and the Python API (kvctl.api) render the receipt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from kvctl.facts.versions import parse_version
+from kvctl.reset import master as master_clear
+from kvctl.reset import plan as planning
+from kvctl.reset import verify
+from kvctl.reset.plan import PlannedOp, Plan, ReplicaPlan, ResetOptions, ha_group, replica_client, uses_master
+from kvctl.reset.receipt import MasterReceipt, OpResult, Receipt, ReplicaReceipt, conclude, receipt_without_execution
+from kvctl.targets import Fleet, Replica
+from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
+from kvctl.transport.vllm_client import CallOutcome, VllmClient, reset_answer_error
+
+
+# -- execute ------------------------------------------------------------------------------
+async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
+    """Plan, then (unless dry-run or the plan failed) execute and verify."""
+    async with shared_pool(hosts=len(fleet.replicas)) as http:  # large fleets: the aiohttp transport
+        # The clock starts once the transport is loaded: importing it is start-up (aiohttp ~70 ms,
+        # once per process, as httpcore's import for small fleets), not part of a reset.
+        start = time.perf_counter()
+        plan = await planning.plan_reset(fleet, options, http)
+        if plan.error or options.dry_run:
+            return receipt_without_execution(plan, fleet, time.perf_counter() - start)
+        return await execute_plan(plan, fleet, start, http)
+
+
+async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
+                       http: HttpPool | None = None) -> Receipt:
+    async with shared_pool(http, len(fleet.replicas)) as shared:
+        return await _execute(plan, fleet, time.perf_counter() if start is None else start, shared)
+
+
+async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Receipt:
+    opts = plan.options
+    by_name = {r.name: r for r in fleet.replicas}
+    receipts = {r.name: ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas}
+    live = [r for r in plan.replicas if r.error is None]
+    master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix, rpc_address=plan.master_rpc,
+                           planned_address=plan.master) if plan.master else None
+    sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), opts.concurrency))
+    canaries: dict[str, verify.Canary] = {}
+
+    async def each(func: Callable[[ReplicaPlan], Awaitable[None]]) -> None:
+        async def guarded(rp: ReplicaPlan) -> None:
+            async with sem:
+                await func(rp)
+        await asyncio.gather(*(guarded(rp) for rp in live))
+
+    async def prime(rp: ReplicaPlan) -> None:
+        async with replica_client(by_name[rp.name], opts, http) as client:
+            canaries[rp.name] = await verify.Canary.prime(client, opts)
+
+    async def run_phase(rp: ReplicaPlan, names: tuple[str, ...]) -> None:
+        async with replica_client(by_name[rp.name], opts, http) as client:
+            for op in rp.ops:
+                if op.op in names:
+                    receipts[rp.name].ops.append(await _run_op(client, rp, op, opts))
+
+    if opts.verify:
+        await each(prime)
+    owner_paused: set[str] = set()  # paused by their owner before the reset: left paused after it
+    stuck: list[str] = []  # replicas whose pause failed, timed out or was cut short
+    try:
+        if opts.pausing:
+            stuck = await _pause_all(live, by_name, opts, http, sem, receipts, owner_paused)
+        if stuck:
+            for rp in live:
+                if rp.name not in stuck:
+                    receipts[rp.name].error = (f"not reset: the pause failed on {', '.join(stuck)}, so nothing "
+                                               "was reset; this replica was resumed at once")
+        else:
+            await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
+            leading = master is None or not uses_master(plan) or not ha_group(plan) \
+                or await master_clear.recheck_leader(master, plan, http)
+            if master is not None and plan.master_clear and leading:
+                await master_clear.clear_master(master, plan, http)
+            if master is not None and opts.verify and leading:
+                await master_clear.count_master_keys(master, opts, http)  # counted already by a clear: judged only
+    finally:
+        if opts.pausing:
+            resumable = [rp for rp in live if rp.name not in owner_paused]
+            await asyncio.shield(_resume_all(resumable, stuck, by_name, opts, http, sem, receipts))
+    if opts.verify and not stuck:
+        async def check(rp: ReplicaPlan) -> None:
+            canary = canaries.get(rp.name)
+            if canary is not None:
+                async with replica_client(by_name[rp.name], opts, http) as client:
+                    receipts[rp.name].canary = await canary.check(client)
+        await each(check)
+        if opts.probe_prompts:
+            await verify.probe_after(live, by_name, opts, http, receipts)
+    return conclude(plan, list(receipts.values()), master, time.perf_counter() - start)
+
+
+async def _pause_all(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions, http: HttpPool,
+                     sem: asyncio.Semaphore, receipts: dict[str, ReplicaReceipt], owner_paused: set[str]) -> list[str]:
+    """Pause every replica at once. As soon as one pause fails, the others still waiting are cut
+    short (the caller resumes everyone at once). Returns the replicas whose pause did not succeed."""
+    async def one(rp: ReplicaPlan) -> bool:
+        op = next((o for o in rp.ops if o.op == "pause"), None)
+        if op is None:
+            return True
+        async with sem, replica_client(by_name[rp.name], opts, http) as client:
+            if op.skip is None and await _is_paused(client) is True:
+                owner_paused.add(rp.name)
+                receipts[rp.name].ops.append(OpResult("pause", "skipped", detail="already paused by its owner: "
+                                                                                 "left paused"))
+                return True
+            result = await _run_op(client, rp, op, opts)
+            receipts[rp.name].ops.append(result)
+            return result.result != "failed"
+
+    tasks = {asyncio.create_task(one(rp)): rp.name for rp in live}
+    failed: list[str] = []
+    pending = set(tasks)
+    while pending and not failed:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        failed += [tasks[t] for t in done if t.exception() is not None or not t.result()]
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for t in pending:
+        receipts[tasks[t]].ops.append(OpResult("pause", "failed", error="cut short: another replica's pause failed"))
+    return failed + [tasks[t] for t in pending]
+
+
+LATE_PAUSE_WATCH_S = 3.0  # after resuming a replica whose pause failed: watch for a pause that lands late
+
+
+async def _resume_all(replicas: list[ReplicaPlan], stuck: list[str], by_name: dict[str, Replica],
+                      opts: ResetOptions, http: HttpPool, sem: asyncio.Semaphore,
+                      receipts: dict[str, ReplicaReceipt]) -> None:
+    """Resume every replica kvctl paused (or tried to). A replica whose pause failed may still get
+    paused by that request after kvctl gave up: check /is_paused for a while and resume again; if
+    it cannot be confirmed, say so with the command that resumes it."""
+    async def one(rp: ReplicaPlan) -> None:
+        op = next((o for o in rp.ops if o.op == "resume"), None)
+        if op is None:
+            return
+        async with sem, replica_client(by_name[rp.name], opts, http) as client:
+            receipts[rp.name].ops.append(await _run_op(client, rp, op, opts))
+            if rp.name not in stuck:
+                return
+            paused: bool | None = None
+            deadline = time.monotonic() + LATE_PAUSE_WATCH_S
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
+                paused = await _is_paused(client)
+                if paused:
+                    await client.resume()  # the late pause landed: undo it
+            timed_out = any(o.op == "pause" and o.result == "failed" and "timed out" in (o.error or "")
+                            for o in receipts[rp.name].ops)
+            if paused is not False or timed_out:  # a timed-out /pause is still in flight on the server
+                note = (f"it may be left paused (its /pause may still take effect): check "
+                        f"`curl {rp.url}/is_paused` and resume it with `curl -X POST {rp.url}/resume`")
+                rr = receipts[rp.name]
+                why = rr.error or "; ".join(f"{o.op}: {o.error}" for o in rr.ops if o.result == "failed")
+                rr.error = f"{why}; {note}" if why else note
+
+    await asyncio.gather(*(one(rp) for rp in replicas))
+
+
+async def _is_paused(client: VllmClient) -> bool | None:
+    outcome = await client.is_paused()
+    body = outcome.body if outcome.ok and isinstance(outcome.body, dict) else {}
+    value = body.get("is_paused")
+    return value if isinstance(value, bool) else None
+
+
+async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: ResetOptions) -> OpResult:
+    if op.skip:
+        return OpResult(op.op, "skipped", detail=op.skip)
+    version = parse_version(rp.version or "0")  # parsed once per fleet (cached), not once per call
+    outcome: CallOutcome
+    if op.op == "pause":
+        outcome = await client.pause(version, opts.pause_timeout)
+    elif op.op == "resume":
+        outcome = await client.resume()
+    elif op.op == "prefix_cache":
+        outcome = await (client.reset_prefix_cache(version, **op.params) if op.params
+                         else client.call("POST", "/reset_prefix_cache"))
+    elif op.op == "mm_cache":
+        outcome = await client.reset_mm_cache()
+    else:
+        outcome = await client.reset_encoder_cache()
+    error = reset_answer_error(outcome)
+    detail = ", ".join(f"{k}={v}" for k, v in op.params.items()) or None
+    return OpResult(op.op, "failed" if error else "ok", outcome.status, round(outcome.latency_s, 6),
+                    outcome.attempts, error, detail)
+
+
+__all__ = ["execute_plan", "hard_reset_fleet"]

@@ -1,0 +1,157 @@
+"""The reset's receipt: per replica and operation what happened, the master clear, the verdict.
+
+A replica counts as reset only when every step for it succeeded (and, when asked, was verified);
+`conclude()` judges that once every phase ran. Receipts are data (`to_dict()`), never printed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from kvctl.reset.leader import MasterNode
+from kvctl.reset.plan import Plan, plain_data
+from kvctl.targets import Fleet
+
+Result = Literal["ok", "failed", "skipped"]
+
+
+# -- receipt ------------------------------------------------------------------------------
+@dataclass
+class OpResult:
+    op: str
+    result: Result
+    http_status: int | None = None
+    latency_s: float | None = None
+    attempts: int = 0
+    error: str | None = None
+    detail: str | None = None
+
+
+@dataclass
+class CanaryCheck:
+    ok: bool
+    signal: str  # "cached_tokens" (per request) or "metrics" (counter deltas)
+    prompt_tokens: int | None = None
+    primed_cached_tokens: float | None = None  # the hit before the reset (proves the signal works)
+    cached_tokens: float | None = None  # after the reset (must be 0)
+    local_hits: float | None = None
+    external_hits: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class ReplicaReceipt:
+    name: str
+    url: str
+    version: str | None
+    connector: list[str] | None
+    ops: list[OpResult] = field(default_factory=list)
+    canary: CanaryCheck | None = None
+    probe: dict[str, Any] | None = None  # kvctl probe's verdict and per-prompt results (--probe-prompts)
+    reset: bool = False  # every step confirmed
+    error: str | None = None
+
+
+@dataclass
+class MasterReceipt:
+    address: str
+    clear: OpResult | None = None
+    removed_count: int | None = None  # what the master said it removed (not proof: counted again)
+    keys_after: int | None = None  # of this deployment (cache_prefix) when one is set
+    cache_prefix: str | None = None
+    verified: bool | None = None
+    error: str | None = None
+    scope: str | None = None  # "scoped" (<cache_prefix>@ keys only) | "whole" (every key)
+    keys_before: int | None = None  # this deployment's (or, unscoped, all) keys before the clear
+    others_before: int | None = None  # keys of other deployments sharing the master
+    others_after: int | None = None
+    remaining: str | None = None  # why keys survived the clear's retries, when they did
+    rpc_address: str | None = None  # where a scoped clear went (the leader's RPC port)
+    planned_address: str | None = None  # the master the plan chose (differs after a leader change)
+    leader_changed: str | None = None  # "old -> new" when leadership moved before or during the clear
+    roles: list[MasterNode] = field(default_factory=list)  # what each master said just before the clear
+
+
+@dataclass
+class Receipt:
+    exit_code: int
+    summary: str
+    dry_run: bool
+    verify: bool
+    replicas: list[ReplicaReceipt]
+    master: MasterReceipt | None
+    plan: Plan
+    total_s: float
+    not_reset: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        data = plain_data(self)
+        data["ok"] = self.ok
+        return data
+
+
+def receipt_without_execution(plan: Plan, fleet: Fleet, elapsed: float) -> Receipt:
+    replicas = [ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas]
+    master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix) if plan.master else None
+    if plan.error:
+        summary = f"plan failed, nothing was sent: {plan.error}"
+        return Receipt(EXIT_FAILED, summary, plan.options.dry_run, plan.options.verify, replicas, master, plan,
+                       elapsed, [r.name for r in plan.replicas])
+    summary = f"dry run: {len(plan.replicas)} replica(s) planned, nothing was sent"
+    unplanned = [r.name for r in plan.replicas if r.error]
+    code = EXIT_OK if not unplanned else EXIT_PARTIAL
+    return Receipt(code, summary, True, plan.options.verify, replicas, master, plan, elapsed, unplanned)
+
+
+def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt | None, elapsed: float) -> Receipt:
+    opts = plan.options
+    master_ok = True
+    if plan.master_clear:
+        master_ok = master is not None and master.clear is not None and master.clear.result == "ok"
+    if opts.verify and master is not None:
+        master_ok = master_ok and master.verified is True
+    plans = {r.name: r for r in plan.replicas}
+    for rr in replicas:
+        rp = plans[rr.name]
+        failed = [o for o in rr.ops if o.result == "failed"]
+        needs_master = plan.master_clear and (rp.store_cleared_by_vllm is False)
+        canary_ok = (rr.canary.ok if rr.canary is not None else not opts.verify) \
+            and not (rr.probe is not None and rr.probe["verdict"] == "STALE")
+        store_ok = master_ok if (needs_master or (opts.verify and master is not None)) else True
+        rr.reset = rr.error is None and not failed and canary_ok and store_ok
+        if rr.error is None and not rr.reset:
+            rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master, rr.probe)
+    not_reset = [r.name for r in replicas if not r.reset]
+    done = len(replicas) - len(not_reset)
+    if not not_reset:
+        code = EXIT_OK
+        what = "hard-reset" if opts.connector else "reset (local caches only; the external store was not touched: --connector clears it)"
+        summary = f"{done}/{len(replicas)} replica(s) {what}" + (" and verified" if opts.verify else "")
+    else:
+        code = EXIT_FAILED if done == 0 else EXIT_PARTIAL
+        summary = (f"{done}/{len(replicas)} replica(s) reset" + (" and verified" if opts.verify else "")
+                   + f"; NOT reset: {', '.join(not_reset)}")
+    return Receipt(code, summary, False, opts.verify, replicas, master, plan, round(elapsed, 6), not_reset)
+
+
+def _replica_error(failed: list[OpResult], canary: CanaryCheck | None, verify: bool, store_ok: bool,
+                   master: MasterReceipt | None, probe: dict[str, Any] | None = None) -> str:
+    if failed:
+        return "; ".join(f"{o.op}: {o.error}" for o in failed)
+    if verify and (canary is None or not canary.ok):
+        return f"verification failed: {canary.error if canary else 'no canary result'}"
+    if probe is not None and probe["verdict"] == "STALE":
+        stale = next(r for r in probe["results"] if r["verdict"] == "STALE")
+        return f"verification failed: kvctl probe found STALE KV for '{stale['prompt']}': {stale['reason']}"
+    if not store_ok:
+        return f"the Mooncake store was not confirmed clear: {master.error if master else 'no master'}"
+    return "not confirmed"
+
+
+__all__ = ["CanaryCheck", "MasterReceipt", "OpResult", "Receipt", "ReplicaReceipt"]

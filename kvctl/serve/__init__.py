@@ -1,0 +1,27 @@
+"""`kvctl serve` and what runs a fleet: the spec and its checks, the local path (master process,
+replicas, health), the Ray path (placement, actors, the run kept in the cluster), run records and
+their lifecycle (stop, rm), processes, ports, CPU binding and the vLLM command line.
+
+The names below stay importable from `kvctl.serve` (loaded on first use).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_FACE = {
+    "ServeSpec": "kvctl.serve.spec", "ServeError": "kvctl.serve.spec", "check_spec": "kvctl.serve.spec",
+    "start_run": "kvctl.serve.local", "stop_run": "kvctl.serve.lifecycle",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FACE:
+        from importlib import import_module
+
+        return getattr(import_module(_FACE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_FACE])

@@ -1,0 +1,77 @@
+"""What a fleet to start looks like (`ServeSpec`), the checks that need no process (`check_spec`),
+and the error a failed start raises (`ServeError`): shared by the local and the Ray paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvctl.errors import KvctlError, UsageError
+from kvctl.serve import runs
+from kvctl.serve.vllm_launch import is_loopback, owned_flags_in, tensor_parallel_size
+
+DEFAULT_HEALTH_TIMEOUT = 600.0
+
+
+class ServeError(KvctlError):
+    """The fleet could not be started; everything it had started is stopped again."""
+
+
+@dataclass
+class ServeSpec:
+    model: str
+    template: str = "mooncake-store"
+    overrides: dict[str, str] = field(default_factory=dict)
+    replicas: int = 1
+    master: str = "embedded"  # or the RPC address HOST:PORT of a running master
+    master_admin: str | None = None  # admin/metrics HOST:PORT of that master (for status/reset)
+    host: str = "127.0.0.1"
+    base_port: int | None = None
+    name: str | None = None
+    vllm_python: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    allow_remote_admin: bool = False
+    state_dir: str | None = None
+    template_path: str | None = None
+    health_timeout: float = DEFAULT_HEALTH_TIMEOUT
+    replace: bool = False  # a live run of this name is stopped first (else refused)
+    foreground: bool = False  # the caller supervises the run after start_run returns (kvctl serve without --detach)
+    ray: str | None = None  # a Ray cluster's address (auto: the running one): start the fleet there (kvctl.serve.ray_start)
+    ray_master_resource: str | None = None  # with ray: the master goes on a node with this custom resource
+    # Not on the CLI; for measuring candidate settings (benchmarks/transfer.py):
+    replica_env: list[dict[str, str]] = field(default_factory=list)  # per replica, applied last
+    metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the embedded master's)
+
+
+def check_spec(spec: ServeSpec) -> None:
+    """Refusals that need no process: bad counts, and dev-mode servers beyond loopback."""
+    if spec.replicas < 1:
+        raise UsageError(f"--replicas {spec.replicas}: need at least 1")
+    if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
+        raise UsageError(f"--base-port {spec.base_port} is not a usable port")
+    if spec.name is not None:
+        runs.check_name(spec.name)
+    elif spec.replace:
+        raise UsageError("--replace needs --name RUN", "name the run to replace, e.g. --name rl --replace")
+    try:
+        tensor_parallel_size(spec.extra_args)
+    except ValueError:
+        raise UsageError("--tensor-parallel-size/-tp after -- is not a whole number",
+                         "e.g. -- --tensor-parallel-size 2") from None
+    owned = owned_flags_in(spec.extra_args)
+    if owned:
+        flag, instead = owned[0]
+        raise UsageError(f"{flag} after -- would override what kvctl serve sets (vLLM takes the last one)",
+                         f"use kvctl serve's {instead} instead")
+    if not is_loopback(spec.host) and not spec.allow_remote_admin:
+        raise remote_admin_refused(f"--host {spec.host}", "keep --host 127.0.0.1, or pass --allow-remote-admin "
+                                                          "on a network you trust")
+    if spec.master != "embedded" and ":" not in spec.master:
+        raise UsageError(f"--master {spec.master}: give 'embedded' or the master's RPC address HOST:PORT")
+
+
+def remote_admin_refused(what: str, fix: str) -> UsageError:
+    """Dev-mode routes have no authentication: binding them beyond loopback needs explicit consent."""
+    return UsageError(
+        f"{what} would expose the replicas' dev-mode routes (reset, pause, server_info) and the master's admin "
+        "port beyond this machine; they have no authentication (--api-key guards only /v1)", fix)

@@ -1,0 +1,268 @@
+"""An async admin client for the Mooncake master's HTTP port.
+
+`MasterAdmin` talks to the master's admin/metrics HTTP port (`--metrics_port`, default 9003):
+`GET /health`, `GET /metrics` (Prometheus text), `GET /get_all_keys` (one key a line) and
+`POST /api/v1/remove_all?force=true` (`{"success": true, "removed_count": N}`). A non-forced
+remove_all leaves every key that holds a read lease (`--default_kv_lease_ttl`, 10 s by default),
+so a hard reset must always force. The process that runs a master is kvctl.serve.master_process.
+
+Importing this module never imports mooncake (the master is a separate executable) and defers
+prometheus_client to the calls that need it: `kvctl reset` stays light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvctl.errors import KvctlError
+from kvctl.transport.http import HttpClientBase, HttpPool, HttpResponse, TransportError
+
+DEFAULT_TIMEOUT = 5.0
+
+
+_ADMIN_HINT = ("check that the address is the master's admin/metrics port (mooncake_master "
+               "--metrics_port, default 9003; not its RPC port 50051) and that the master is running")
+
+
+class MasterError(KvctlError):
+    """The Mooncake master could not be reached, started, stopped, or answered something unusable."""
+
+
+# --------------------------------------------------------------------------------------------
+# Admin client
+
+
+class NoHttpRemoveAll(MasterError):
+    """The master predates the HTTP remove_all (Mooncake 0.3.12.post1): 404."""
+
+
+class NotLeader(MasterError):
+    """HTTP 503 from a data route: in HA mode a standby (or a leader still warming up, or one that
+    just lost its lease) refuses with error_code -1011 "service plane is not active"."""
+
+
+@dataclass(frozen=True)
+class HaInfo:
+    """What one master says about leadership (GET /health; GET /role where /health has no role).
+
+    Seen on mooncake_master 0.3.13.post1 with --enable_ha and an etcd backend:
+    leader  {"status":"ok","role":"leader","ha_state":"serving","service_ready":true,
+             "leader_address":"127.0.0.1:50051","view_version":2}   (ha_state "leader_warmup" and
+             service_ready false for ~5 s after it wins the election)
+    standby {"status":"ok","role":"standby","ha_state":"standby","service_ready":false,
+             "leader_address":"127.0.0.1:50051","view_version":2}
+    Without HA the same master says role "leader", leader_address and view_version null.
+    leader_address is the leader's RPC address (its --rpc_address:--rpc_port), as clients see it.
+    """
+
+    role: str | None  # "leader" | "standby" | ...; None: this master has no HA routes
+    ha_state: str | None = None
+    service_ready: bool | None = None
+    leader_rpc: str | None = None
+    view_version: int | None = None
+
+
+@dataclass(frozen=True)
+class MasterMetrics:
+    """The few master gauges and counters kvctl reads (from `GET /metrics`).
+
+    Fields other than key_count are None when this master version does not export them.
+    """
+
+    key_count: int
+    allocated_bytes: int | None
+    total_capacity_bytes: int | None
+    active_clients: int | None
+    remove_all_requests_total: int | None
+
+
+_METRIC_FIELDS = {
+    "key_count": "master_key_count",
+    "allocated_bytes": "master_allocated_bytes",
+    "total_capacity_bytes": "master_total_capacity_bytes",
+    "active_clients": "master_active_clients",
+    "remove_all_requests_total": "master_remove_all_requests_total",
+}
+
+
+def admin_base_url(address: str) -> str:
+    """`host:port`, `[v6]:port` or a URL -> `http://host:port` (no trailing slash)."""
+    address = address.strip()
+    if not address:
+        raise MasterError("empty Mooncake master address",
+                          "pass the master's admin address as host:port, e.g. 127.0.0.1:9003")
+    if "://" not in address:
+        address = f"http://{address}"
+    return address.rstrip("/")
+
+
+def parse_metrics(text: str) -> MasterMetrics:
+    """Parse the master's Prometheus exposition into MasterMetrics (raises ValueError).
+
+    Every field is an unlabeled sample, `name value [timestamp]` in the text format, so they are
+    read line by line: prometheus_client's parser would import the whole prometheus_client
+    package (its HTTP exposition server included: 20-48 ms) into a reset's master clear."""
+    values: dict[str, float] = {}
+    wanted = set(_METRIC_FIELDS.values())
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) in (2, 3) and parts[0] in wanted:  # comments and labeled samples never match
+            values[parts[0]] = float(parts[1])  # a bad number: ValueError, as the parser raised
+    if _METRIC_FIELDS["key_count"] not in values:
+        raise ValueError("no master_key_count sample")
+    return MasterMetrics(**{field: (int(values[name]) if name in values else None)
+                            for field, name in _METRIC_FIELDS.items()})
+
+
+class MasterAdmin(HttpClientBase):
+    """Async client for a Mooncake master's admin/metrics HTTP port.
+
+    `address` is `host:port` of that port (or a URL). Pass `pool` to share a kvctl HttpPool
+    (then it is not closed by `aclose`). Every failure raises MasterError.
+    """
+
+    def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT,
+                 pool: HttpPool | None = None) -> None:
+        self.base_url = admin_base_url(address)
+        self.timeout = timeout
+        super().__init__(pool)
+
+    def __repr__(self) -> str:
+        return f"MasterAdmin({self.base_url!r})"
+
+    def _error(self, what: str, hint: str | None = _ADMIN_HINT) -> MasterError:
+        return MasterError(f"Mooncake master at {self.base_url}: {what}", hint)
+
+    async def _request(self, method: str, path: str, **params: Any) -> HttpResponse:
+        url = f"{self.base_url}{path}"
+        try:
+            return await self._http.request(method, url, params=params or None, timeout=self.timeout)
+        except TransportError as exc:
+            if exc.kind == "timeout":
+                raise self._error(f"{method} {path}: no answer within {self.timeout:g}s "
+                                  f"({exc.cause_name})") from None
+            raise self._error(f"{method} {path}: {exc}") from None
+
+    def _check_status(self, response: HttpResponse, method: str, path: str,
+                      hint: str | None = _ADMIN_HINT) -> None:
+        if response.status == 503 and path != "/health":
+            raise NotLeader(f"Mooncake master at {self.base_url}: {method} {path}: HTTP 503: "
+                            f"{response.text[:200]!r} (not the serving leader)",
+                            "give every master of the HA group (--master A,B) so kvctl finds the leader")
+        if response.status != 200:
+            raise self._error(f"{method} {path}: HTTP {response.status}: "
+                              f"{response.text[:200]!r}", hint)
+
+    def _json(self, response: HttpResponse, method: str, path: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise self._error(f"{method} {path}: answer is not JSON: {response.text[:200]!r}") from None
+
+    async def health(self) -> dict[str, Any]:
+        """GET /health -> e.g. {"status": "ok", "role": "leader", "service_ready": true, ...}.
+
+        Raises MasterError unless the master says it is ok and ready to serve.
+        """
+        response = await self._request("GET", "/health")
+        self._check_status(response, "GET", "/health")
+        payload = self._json(response, "GET", "/health")
+        if not isinstance(payload, dict) or payload.get("status") != "ok" \
+                or payload.get("service_ready") is False:
+            raise self._error(f"GET /health: not ready: {payload!r}",
+                              "wait for the master to finish starting (or, with HA, point at the leader)")
+        return payload
+
+    async def ha_info(self) -> HaInfo:
+        """Who leads, as this master sees it (never raises for a standby or a warming leader)."""
+        response = await self._request("GET", "/health")
+        payload: Any = None
+        try:
+            payload = response.json()
+        except ValueError:
+            pass  # older masters answer /health with plain text
+        if not isinstance(payload, dict):
+            if response.status != 200:
+                self._check_status(response, "GET", "/health")
+            payload = {}
+        role = payload.get("role")
+        if not isinstance(role, str):  # a master between /role (0.3.10.post2) and a JSON /health
+            role = await self._role_route()
+        leader = payload.get("leader_address")
+        version = payload.get("view_version")
+        ready = payload.get("service_ready")
+        state = payload.get("ha_state")
+        return HaInfo(role, state if isinstance(state, str) else None,
+                      ready if isinstance(ready, bool) else None,
+                      leader if isinstance(leader, str) and leader else None,
+                      version if isinstance(version, int) and not isinstance(version, bool) else None)
+
+    async def _role_route(self) -> str | None:
+        response = await self._request("GET", "/role")
+        if response.status == 404:
+            return None  # Mooncake < 0.3.10.post2: no HA routes
+        self._check_status(response, "GET", "/role")
+        return response.text.strip() or None
+
+    async def leader_rpc(self) -> str | None:
+        """GET /leader -> the leader's RPC address from the HA backend's view (None: no view)."""
+        response = await self._request("GET", "/leader")
+        if response.status == 404:
+            return None
+        self._check_status(response, "GET", "/leader")
+        payload = self._json(response, "GET", "/leader")
+        address = payload.get("leader_address") if isinstance(payload, dict) else None
+        return address if isinstance(address, str) and address and payload.get("present") is not False else None
+
+    async def metrics(self) -> MasterMetrics:
+        """GET /metrics, parsed with prometheus_client."""
+        response = await self._request("GET", "/metrics")
+        self._check_status(response, "GET", "/metrics")
+        try:
+            return parse_metrics(response.text)
+        except ValueError as exc:
+            raise self._error(f"GET /metrics: unusable Prometheus text ({exc})") from None
+
+    async def all_keys(self) -> list[str]:
+        """GET /get_all_keys: every key the master holds (one per line in the answer)."""
+        response = await self._request("GET", "/get_all_keys")
+        self._check_status(response, "GET", "/get_all_keys")
+        return [line.rstrip("\r") for line in response.text.split("\n") if line.rstrip("\r")]
+
+    async def key_count(self, prefix: str | None = None) -> int:
+        """Keys in the master, or only those whose name starts with `prefix`.
+
+        Counted from /get_all_keys (exact at the time of the call, unlike a gauge).
+        """
+        keys = await self.all_keys()
+        if prefix is None:
+            return len(keys)
+        return sum(1 for key in keys if key.startswith(prefix))
+
+    async def remove_all(self, force: bool = True) -> int:
+        """POST /api/v1/remove_all?force=... -> the number of keys removed.
+
+        Master-wide: every deployment sharing this master loses its keys. Without force, keys
+        under a read lease survive, so a hard reset must keep force=True.
+        """
+        path = "/api/v1/remove_all"
+        response = await self._request("POST", path, force="true" if force else "false")
+        if response.status == 404:
+            raise NoHttpRemoveAll(f"{self.base_url}: POST {path}: HTTP 404: this master has no HTTP "
+                                  "remove_all (Mooncake < 0.3.12.post1)",
+                                  "give its RPC port (--master-rpc HOST:PORT) so kvctl clears it "
+                                  "through Mooncake's store client, or upgrade mooncake_master to "
+                                  ">= 0.3.12.post1")
+        self._check_status(response, "POST", path)
+        payload = self._json(response, "POST", path)
+        if not isinstance(payload, dict) or payload.get("success") is not True:
+            code = payload.get("error_code") if isinstance(payload, dict) else None
+            message = payload.get("error_message") if isinstance(payload, dict) else None
+            raise self._error(f"POST {path}: the master refused: error_code={code} "
+                              f"error_message={message!r} (answer {payload!r})",
+                              "check the master log; retry the reset")
+        removed = payload.get("removed_count")
+        if not isinstance(removed, int) or isinstance(removed, bool):
+            raise self._error(f"POST {path}: answer has no integer removed_count: {payload!r}")
+        return removed

@@ -26,7 +26,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	# verl's config code for tests/test_verl.py, without torch, vLLM or Ray (~15 MB, a few seconds):
+	# verl's config code for tests/unit/config/test_verl.py, without torch, vLLM or Ray (~15 MB, a few seconds):
 	# its dependencies are not installed; omegaconf and hydra-core come with the test extra.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps 'verl==0.9.1'
 	touch $(STAMP)

@@ -1,6 +1,6 @@
 """Benchmark helper, run as its own process: a fleet of vLLM HTTP TEST DOUBLES on loopback.
 
-The doubles (tests/doubles/vllm_double.py) stand in for vLLM API servers; this process only
+The doubles (tests/doubles/) stand in for vLLM API servers; this process only
 serves them, so the CPU and memory they cost are never charged to the kvctl process measured.
 
 Usage: python benchmarks/fleet_server.py --replicas N --out DIR [--sizes 1,8,64] [--version V]
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.doubles.vllm_double import DoubleFleet, Faults, VllmDouble  # noqa: E402
+from tests.doubles import DoubleFleet, Faults, VllmDouble  # noqa: E402
 
 
 def raise_fd_limit() -> None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PY, BENCH_DIR, Helper, kvctl_json, log, run_timed, summarize
+from benchmarks.common import BENCH_DIR, PY, Helper, kvctl_json, log, run_timed, summarize
 
 CLEAR_PATH = "/api/v1/remove_all?force=true"
 

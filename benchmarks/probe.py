@@ -27,8 +27,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvctl.serve import runs
 from kvctl.reset.probe import ProbeOptions, _answer, probe_fleet  # noqa: E402
+from kvctl.serve import runs  # noqa: E402
 from kvctl.targets import Fleet, Replica  # noqa: E402
 
 VLLM_ARGS = ["--max-model-len", "512", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]

@@ -86,8 +86,8 @@ def bare_server(vllm_python: str, model: str, work: Path) -> Iterator[dict[str, 
     yields the seconds each took to be ready. The config is rendered beforehand, untimed (a user
     has it ready)."""
     from kvctl.config import templates
-    from kvctl.serve.master_process import MasterProcess
     from kvctl.config.render import render, write_bundle
+    from kvctl.serve.master_process import MasterProcess
     from kvctl.serve.ports import free_port
     from kvctl.serve.vllm_launch import find_vllm, replica_command, replica_env
 

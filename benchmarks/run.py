@@ -24,7 +24,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import cold_start, fanout, machine, master_clear, real_stack, report, reset_phases  # noqa: E402
+from benchmarks import (  # noqa: E402
+    cold_start,
+    fanout,
+    machine,
+    master_clear,
+    real_stack,
+    report,
+    reset_phases,
+)
 from benchmarks.common import foreign_vllm_pids, log, wait_for_quiet_machine  # noqa: E402
 
 WORKLOADS = ("cold_start", "fanout", "master_clear", "real_stack", "reset_phases")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -33,12 +32,12 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvctl.serve import runs
-from kvctl.facts import mooncake_log as transport_log
-from kvctl.transport.vllm_metrics import parse_vllm_metrics  # noqa: E402
-from kvctl.serve.spec import ServeSpec
-from kvctl.serve.local import start_run  # noqa: E402
+from kvctl.facts import mooncake_log as transport_log  # noqa: E402
+from kvctl.serve import runs  # noqa: E402
 from kvctl.serve.lifecycle import stop_run  # noqa: E402
+from kvctl.serve.local import start_run  # noqa: E402
+from kvctl.serve.spec import ServeSpec  # noqa: E402
+from kvctl.transport.vllm_metrics import parse_vllm_metrics  # noqa: E402
 
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
 BASE = "the cache keeps every block it has seen while the quick brown fox jumps over the lazy dog. " * 4

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvctl.errors import KvctlError
-from kvctl.reset.receipt import Receipt
-from kvctl.reset.plan import ResetOptions
 from kvctl.reset.execute import hard_reset_fleet
+from kvctl.reset.plan import ResetOptions
+from kvctl.reset.receipt import Receipt
 from kvctl.targets import build_fleet
 
 if TYPE_CHECKING:

@@ -9,16 +9,13 @@ kvctl HttpPool; a replica that is down, dead or slow is reported in its own row,
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvctl.errors import UsageError
+from kvctl.targets import Replica
 from kvctl.transport.http import HttpPool
 from kvctl.transport.pool import max_concurrency, shared_pool
-from kvctl.targets import URLS_ENV, Fleet, Replica, build_fleet, normalize_master
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,8 +24,6 @@ if TYPE_CHECKING:
     from kvctl.serve.runs import RunRecord
 
 DEFAULT_TIMEOUT = 5.0
-TARGET_HINT = (f"pass --run NAME (a fleet started by kvctl serve), --url URL (repeatable), "
-               f"--inventory FILE, or set {URLS_ENV}")
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -89,9 +84,10 @@ class RunStatus:
 @dataclass
 class FleetStatus:
     replicas: list[ReplicaStatus]
-    master: MasterStatus | None = None
+    master: MasterStatus | None = None  # of an HA group: the leader (the one that serves), else the first
     run: RunStatus | None = None
     elapsed_s: float = 0.0
+    masters: list[MasterStatus] = field(default_factory=list)  # every master of the fleet, in order
 
     @property
     def healthy(self) -> int:
@@ -124,75 +120,22 @@ class FleetStatus:
             "run": None if self.run is None else {**asdict(self.run), "alive": self.run.alive},
             "replicas": [asdict(r) for r in self.replicas],
             "master": None if self.master is None else asdict(self.master),
+            "masters": [asdict(m) for m in self.masters],
         }
-
-
-# -- targets ------------------------------------------------------------------------------------
-class NoTargets(UsageError):
-    """Nothing named and no live run to default to (the CLI lists the runs it knows)."""
-
-
-@dataclass
-class Targets:
-    fleet: Fleet
-    run: RunRecord | None = None
-
-
-def resolve_targets(run: str | None = None, urls: list[str] | None = None, inventory: Path | None = None,
-                    master: str | None = None, state_dir: str | Path | None = None,
-                    env: dict[str, str] | None = None, ray: str | None = None) -> Targets:
-    """What `kvctl status` looks at: --run NAME (with ray, the run as that Ray cluster records it),
-    else --url/--inventory/KVCTL_URLS, else the only live run in the state dir. UsageError (exit 2)
-    when none of them names anything."""
-    from kvctl.serve import runs
-
-    env = os.environ if env is None else env
-    if run is not None and (urls or inventory is not None):
-        raise UsageError("give --run NAME or --url/--inventory, not both",
-                         "--run reads the replicas and the master from the run record")
-    if ray is not None:
-        if run is None:
-            raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
-        from kvctl.serve import ray_fleet
-
-        record = ray_fleet.load(ray, run, state_dir)
-        return Targets(_fleet_of(record, master), record)
-    if run is None and not urls and inventory is None and not env.get(URLS_ENV, "").strip():
-        known = runs.list_runs(state_dir)
-        if not any(r.state in runs.LIVE_STATES for r in known):
-            where = f"no live kvctl run in {runs.runs_dir(state_dir)}"
-            hint = TARGET_HINT + "; or start a fleet with kvctl serve"
-            if known:
-                newest = max(known, key=lambda r: r.created).name
-                hint = (f"kvctl status --run {newest} (any run kvctl runs lists; a stopped one shows its last "
-                        f"record), or pass --url URL (repeatable), --inventory FILE, or set {URLS_ENV}")
-            raise NoTargets(f"nothing to show: no --run, --url, --inventory or ${URLS_ENV}, and {where}", hint)
-        record = runs.resolve(None, state_dir)  # several live runs: its own error asks for --run
-        return Targets(_fleet_of(record, master), record)
-    if run is not None:
-        record = runs.resolve(run, state_dir)
-        return Targets(_fleet_of(record, master), record)
-    return Targets(build_fleet(urls, inventory, master, env=dict(env)))
-
-
-def _fleet_of(record: RunRecord, master: str | None) -> Fleet:
-    replicas = [Replica(r.url, r.name) for r in record.replicas]
-    if master:
-        address: str | None = normalize_master(master, "--master")
-    else:
-        address = record.master.admin_address if record.master is not None else None
-    return Fleet(replicas, address, record.cache_prefix, [f"--run {record.name}"])
 
 
 # -- the status ---------------------------------------------------------------------------------
 STATUS_CONCURRENCY = 256  # replicas asked at once (as kvctl reset's default)
 
 
-async def fleet_status(replicas: list[Replica], master: str | None, timeout: float = DEFAULT_TIMEOUT, *,
-                       run: RunRecord | None = None, http: HttpPool | None = None) -> FleetStatus:
-    """Ask every replica (and the master) at once; failures land in each row's `error`."""
+async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str | None, timeout: float = DEFAULT_TIMEOUT,
+                       *, run: RunRecord | None = None, http: HttpPool | None = None) -> FleetStatus:
+    """Ask every replica (and every master: one, or an HA group) at once; failures land in each
+    row's `error`. In an HA group only the leader serves (a standby's /health says not ready), so
+    the fleet's `master` is the first master that serves, else the first."""
     start = time.perf_counter()
-    hosts = len(replicas) + (master is not None)
+    group = (masters,) if isinstance(masters, str) else tuple(masters or ())
+    hosts = len(replicas) + len(group)
     sem = asyncio.Semaphore(max_concurrency(hosts, STATUS_CONCURRENCY))
 
     async def bounded(job: Any) -> Any:
@@ -201,11 +144,11 @@ async def fleet_status(replicas: list[Replica], master: str | None, timeout: flo
 
     async with shared_pool(http, hosts) as client:
         jobs: list[Any] = [bounded(replica_status(r, timeout, client)) for r in replicas]
-        if master is not None:
-            jobs.append(bounded(master_status(master, timeout, client)))
+        jobs += [bounded(master_status(m, timeout, client)) for m in group]
         results = await asyncio.gather(*jobs)
-    status = FleetStatus(replicas=list(results[:len(replicas)]),
-                         master=results[len(replicas)] if master is not None else None)
+    rows: list[MasterStatus] = list(results[len(replicas):])
+    leader = next((m for m in rows if m.reachable), rows[0] if rows else None)
+    status = FleetStatus(replicas=list(results[:len(replicas)]), master=leader, masters=rows)
     if run is not None:
         from kvctl.serve.lifecycle import liveness
 
@@ -363,6 +306,5 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-
-__all__ = ["FleetStatus", "MasterStatus", "ProcessStatus", "ReplicaStatus", "RunStatus", "Targets",
-           "fleet_status", "hit_rate", "master_status", "replica_status", "resolve_targets", "run_status"]
+__all__ = ["FleetStatus", "MasterStatus", "ProcessStatus", "ReplicaStatus", "RunStatus",
+           "fleet_status", "hit_rate", "master_status", "replica_status", "run_status"]

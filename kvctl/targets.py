@@ -1,4 +1,5 @@
-"""Which servers a fleet command talks to: replicas (vLLM URLs) and the Mooncake master.
+"""Which servers a fleet command talks to: replicas (vLLM URLs) and the Mooncake master(s); one
+resolver (`resolve_targets`) for every command (reset, status, probe, the Python API).
 
 Sources, merged in this order: `--run NAME` (a fleet started by `kvctl serve`; with `--ray ADDRESS`,
 as that Ray cluster records it), `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
@@ -22,13 +23,17 @@ Inventory (YAML):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from kvctl import yamlio
 from kvctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvctl.serve.runs import RunRecord
 
 URLS_ENV = "KVCTL_URLS"
 
@@ -47,25 +52,46 @@ class Replica:
 
 @dataclass(frozen=True)
 class Fleet:
+    """The replicas a command acts on and the Mooncake master(s) they share: one representation for
+    one master and for an HA group alike (`masters` in the order given; kvctl finds the leader)."""
+
     replicas: list[Replica]
-    master: str | None = None  # host:port of the master's admin/metrics HTTP port
+    # host:port of each master's admin/metrics HTTP port; more than one: an HA group
+    masters: tuple[str, ...] = ()
     cache_prefix: str | None = None
     sources: list[str] = field(default_factory=list)
-    # host:port of the master's RPC port: Mooncake's store client removes one deployment's keys
-    # through it (the admin HTTP API can only clear everything)
-    master_rpc: str | None = None
-    # An HA group: every master's admin address (master is the first), and their RPC addresses in
-    # the same order when given. Empty: just `master` / `master_rpc`.
-    masters: tuple[str, ...] = ()
+    # host:port of the masters' RPC ports, in the same order (or one for the group): Mooncake's store
+    # client removes one deployment's keys through it (the admin HTTP API can only clear everything)
     master_rpcs: tuple[str, ...] = ()
 
     @property
+    def master(self) -> str | None:
+        """The first master (the only one, unless an HA group)."""
+        return self.masters[0] if self.masters else None
+
+    @property
+    def master_rpc(self) -> str | None:
+        return self.master_rpcs[0] if self.master_rpcs else None
+
+    @property
     def master_group(self) -> tuple[str, ...]:
-        return self.masters or ((self.master,) if self.master else ())
+        return self.masters
 
     @property
     def rpc_group(self) -> tuple[str, ...]:
-        return self.master_rpcs or ((self.master_rpc,) if self.master_rpc else ())
+        return self.master_rpcs
+
+
+class NoTargets(UsageError):
+    """Nothing named and no live run to default to (the CLI lists the runs it knows)."""
+
+
+@dataclass
+class Targets:
+    """A resolved fleet and, when it came from --run, the run's record (its processes, its master)."""
+
+    fleet: Fleet
+    run: RunRecord | None = None
 
 
 def normalize_url(url: str, where: str) -> str:
@@ -159,30 +185,42 @@ def default_name(url: str) -> str:
 def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, master: str | None = None,
                 env: dict[str, str] | None = None, run: str | None = None,
                 state_dir: str | None = None, master_rpc: str | None = None, ray: str | None = None) -> Fleet:
-    """Merge the target sources; UsageError when nothing is targeted or an entry is bad. With `ray`
-    (a Ray cluster's address), --run names a run as that cluster records it (kvctl serve --ray)."""
+    """The fleet of `resolve_targets` (every command that acts on a fleet: reset, probe, the API)."""
+    return resolve_targets(run, urls, inventory, master, master_rpc, state_dir=state_dir, env=env, ray=ray).fleet
+
+
+TARGET_HINT = (f"pass --run NAME (a fleet started by kvctl serve), --url URL (repeatable), "
+               f"--inventory FILE, or set {URLS_ENV}")
+
+
+def resolve_targets(run: str | None = None, urls: list[str] | None = None, inventory: Path | None = None,
+                    master: str | None = None, master_rpc: str | None = None, *,
+                    state_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
+                    ray: str | None = None, default_to_live_run: bool = False) -> Targets:
+    """The one resolver of every fleet command: merge the sources (see the module docstring) into a
+    Fleet; UsageError when nothing is targeted or an entry is bad. With `ray` (a Ray cluster's
+    address), --run names a run as that cluster records it. `default_to_live_run` (kvctl status):
+    with nothing named, the only live run in the state dir (NoTargets when there is none)."""
     env = os.environ if env is None else env
     if ray is not None and run is None:
         raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
+    record = None
+    if run is not None:
+        record = _load_run(run, state_dir, ray)
+    elif default_to_live_run and not urls and inventory is None and not env.get(URLS_ENV, "").strip():
+        record = _only_live_run(state_dir)
     replicas: list[Replica] = []
     sources: list[str] = []
     cache_prefix = None
     inv_master: tuple[str, ...] = ()
     inv_rpc: tuple[str, ...] = ()
-    if run is not None:
-        if ray is not None:
-            from kvctl.serve import ray_fleet
-
-            record = ray_fleet.load(ray, run, state_dir)
-        else:
-            from kvctl.serve import runs
-
-            record = runs.load(run, state_dir)
+    if record is not None:
         replicas += [Replica(r.url, r.name) for r in record.replicas]
-        inv_master = (record.master.admin_address,) if record.master else ()
-        inv_rpc = (record.master.rpc_address,) if record.master else ()
+        recorded = record.master
+        inv_master = (recorded.admin_address,) if recorded and recorded.admin_address else ()
+        inv_rpc = (recorded.rpc_address,) if recorded and recorded.rpc_address else ()
         cache_prefix = record.cache_prefix
-        sources.append(f"--run {run}")
+        sources.append(f"--run {record.name}")
     if inventory is not None:
         inv = load_inventory(inventory)
         replicas += inv.replicas
@@ -199,12 +237,37 @@ def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, ma
             replicas.append(Replica(u, default_name(u)))
         sources.append(URLS_ENV)
     if not replicas:
-        raise UsageError("no replicas to act on",
-                         f"pass --run NAME, --url URL (repeatable), --inventory FILE or set {URLS_ENV}")
+        raise UsageError("no replicas to act on", TARGET_HINT)
     _check_unique(replicas)
     masters = normalize_masters(master, "--master") if master else inv_master
     rpcs = normalize_masters(master_rpc, "--master-rpc", "rpc") if master_rpc else inv_rpc
-    return _with_masters(Fleet(replicas, None, cache_prefix, sources), masters, rpcs, "--master-rpc")
+    return Targets(_with_masters(Fleet(replicas, (), cache_prefix, sources), masters, rpcs, "--master-rpc"), record)
+
+
+def _load_run(run: str, state_dir: str | Path | None, ray: str | None) -> RunRecord:
+    if ray is not None:
+        from kvctl.serve import ray_fleet
+
+        return ray_fleet.load(ray, run, state_dir)
+    from kvctl.serve import runs
+
+    return runs.load(run, state_dir)
+
+
+def _only_live_run(state_dir: str | Path | None) -> RunRecord:
+    """The only live run; NoTargets (naming the newest known run) when none is live."""
+    from kvctl.serve import runs
+
+    known = runs.list_runs(state_dir)
+    if not any(r.state in runs.LIVE_STATES for r in known):
+        where = f"no live kvctl run in {runs.runs_dir(state_dir)}"
+        hint = TARGET_HINT + "; or start a fleet with kvctl serve"
+        if known:
+            newest = max(known, key=lambda r: r.created).name
+            hint = (f"kvctl status --run {newest} (any run kvctl runs lists; a stopped one shows its last "
+                    f"record), or pass --url URL (repeatable), --inventory FILE, or set {URLS_ENV}")
+        raise NoTargets(f"nothing to show: no --run, --url, --inventory or ${URLS_ENV}, and {where}", hint)
+    return runs.resolve(None, state_dir)  # several live runs: its own error asks for --run
 
 
 def _with_masters(fleet: Fleet, masters: tuple[str, ...], rpcs: tuple[str, ...], rpc_where: str) -> Fleet:
@@ -215,8 +278,7 @@ def _with_masters(fleet: Fleet, masters: tuple[str, ...], rpcs: tuple[str, ...],
                          "give one RPC address per master, in the same order (or none: an HA leader reports its own)")
     from dataclasses import replace
 
-    return replace(fleet, master=masters[0] if masters else None, master_rpc=rpcs[0] if rpcs else None,
-                   masters=masters if len(masters) > 1 else (), master_rpcs=rpcs if len(rpcs) > 1 else ())
+    return replace(fleet, masters=masters, master_rpcs=rpcs)
 
 
 def _check_unique(replicas: list[Replica]) -> None:
@@ -272,4 +334,4 @@ def load_inventory(path: Path) -> Fleet:
         replicas.append(Replica(url, r.name or default_name(url), r.api_key_env, r.connector))
     masters = normalize_masters(inv.master, f"--inventory {path}: master") if inv.master else ()
     rpcs = normalize_masters(inv.master_rpc, f"--inventory {path}: master_rpc", "rpc") if inv.master_rpc else ()
-    return _with_masters(Fleet(replicas, None, inv.cache_prefix), masters, rpcs, f"--inventory {path}: master_rpc")
+    return _with_masters(Fleet(replicas, (), inv.cache_prefix), masters, rpcs, f"--inventory {path}: master_rpc")

@@ -99,7 +99,12 @@ def _fleet_commands() -> Iterator[tuple[str, tuple[str, ...]]]:
     try:
         from tests.doubles import DoubleFleet, MasterDouble, SharedStore, VllmDouble
     except ImportError:  # pragma: no cover - the doubles moved
-        from tests.doubles.vllm import DoubleFleet, MasterDouble, SharedStore, VllmDouble  # type: ignore
+        from tests.doubles.vllm import (  # type: ignore
+            DoubleFleet,
+            MasterDouble,
+            SharedStore,
+            VllmDouble,
+        )
     import httpx
 
     store = SharedStore()

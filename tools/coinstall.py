@@ -98,7 +98,7 @@ def apply_overrides(reqs: list[str], overrides: list[str]) -> list[str]:
     return out
 
 
-# --- comparing pip's reports (pure: tests/test_coinstall_matrix.py) ----------------------------
+# --- comparing pip's reports (pure: tests/unit/tools/test_coinstall_matrix.py) ----------------------------
 
 
 def resolved_versions(report: dict) -> dict[str, str]:
@@ -384,7 +384,9 @@ def render_markdown(data: dict) -> str:
 
 
 def replace_section(text: str, body: str) -> str:
-    from update_docs import replace_section as replace  # tools/, next to this script (kvctl's compat.md does the same)
+    from update_docs import (
+        replace_section as replace,  # tools/, next to this script (kvctl's compat.md does the same)
+    )
 
     return replace(text, body, BEGIN, END)
 

@@ -11,7 +11,7 @@
 #
 # Each case removes the packages again, clones HEAD, runs `make demo` then `CI=true make test`, and
 # writes a log per command plus a summary (what was installed, how long each took, the result) to
-# $KVCTL_FRESH_OUT (default a new folder under /tmp). Settings: KVCTL_FRESH_PACKAGES, the packages
+# $KVCTL_FRESH_OUT (default a new folder under /tmp). KVCTL_FRESH_REV: the commit (default HEAD). Settings: KVCTL_FRESH_PACKAGES, the packages
 # to remove (default: libibverbs1 etcd-server, the ones a fresh Debian image lacks; libnuma1 and
 # libcurl4 come with the base image here, and removing them removes curl, cmake and git's helpers).
 set -euo pipefail
@@ -22,6 +22,7 @@ case $cases in both) cases="cached cold" ;; cold | cached) ;; *) echo "usage: $0
 command -v apt-get >/dev/null || { echo "$0: needs Debian/Ubuntu (apt-get)" >&2; exit 2; }
 
 repo=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
+rev=${KVCTL_FRESH_REV:-$(git -C "$repo" rev-parse HEAD)}  # pinned: commits made meanwhile do not change the run
 packages=(${KVCTL_FRESH_PACKAGES:-libibverbs1 etcd-server})
 out=${KVCTL_FRESH_OUT:-$(mktemp -d /tmp/kvctl-fresh.XXXXXX)}
 mkdir -p "$out"
@@ -74,7 +75,7 @@ run_step() {  # $1 case, $2 step name, rest: command (in the clone)
     local installed
     installed=$(grep -h '^\[system_deps\] installed' "$out/$name-$step.log" | sed 's/^\[system_deps\] //' | paste -sd ';' -)
     local tail_line
-    tail_line=$(grep -E '(passed|failed|error).* in [0-9.]+s|demo (PASSED|FAILED|OK)|^demo ' "$out/$name-$step.log" | tail -n1)
+    tail_line=$(grep -E '(passed|failed|error).* in [0-9.]+s|demo (PASSED|FAILED|OK)|^demo |^stale KV after' "$out/$name-$step.log" | tail -n1)
     log "$name: $step exit $rc after ${took} s; system packages: ${installed:-none installed}; ${tail_line:-see $out/$name-$step.log}"
     return "$rc"
 }
@@ -84,6 +85,7 @@ for c in $cases; do
     remove_packages
     clone=$(mktemp -d /tmp/kvctl-fresh-clone.XXXXXX)/k
     git clone -q "$repo" "$clone"
+    git -C "$clone" checkout -q "$rev"
     log "$c: fresh clone of $(git -C "$clone" rev-parse --short HEAD) in $clone"
     envs=(env -u KVCTL_VLLM_PYTHON -u KVCTL_VLLM_ENV -u VIRTUAL_ENV)
     if [[ $c == cold ]]; then

@@ -1,6 +1,6 @@
 """Regenerate the generated parts of docs/ from kvctl's data (run: make docs).
 
-tests/test_docs.py fails when docs/ drift from what this script would write.
+tests/unit/tools/test_docs.py fails when docs/ drift from what this script would write.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvctl.cli.errors import EXIT_FAILED, handle_errors
 from kvctl.cli.completion import template_names
+from kvctl.cli.errors import EXIT_FAILED, handle_errors
 from kvctl.cli.options import JsonOpt, TemplatePathOpt, TimeoutOpt, UrlOpt, VllmVersionOpt
 from kvctl.errors import UsageError
 
@@ -142,8 +142,8 @@ def matrix(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the Markdown table of docs/compat.md.")] = False,
 ) -> None:
     """vLLM versions x capabilities, from kvctl's capability table."""
-    from kvctl.facts import compat
     from kvctl.cli import output
+    from kvctl.facts import compat
 
     if json_out:
         return output.print_json(compat.matrix())

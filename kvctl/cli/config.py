@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
-from kvctl.cli.options import TemplateArg, FileArg, JsonOpt, SetOpt, TemplatePathOpt, VllmVersionOpt
+from kvctl.cli.options import FileArg, JsonOpt, SetOpt, TemplateArg, TemplatePathOpt, VllmVersionOpt
 
 app = typer.Typer(help="Render and check kv_transfer_config, mooncake.json and server env from templates.",
                   no_args_is_help=True)
@@ -29,8 +29,8 @@ def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = Fa
     """List templates: name, connectors, vLLM range, description."""
     from rich.markup import escape
 
-    from kvctl.config import templates
     from kvctl.cli import output
+    from kvctl.config import templates
 
     rows = [
         {"name": t.name, "connectors": t.connectors(), "vllm": _range(t), "description": t.description,
@@ -56,8 +56,8 @@ def show_template(
     """Show a template's parameters (type, default, help), layout and notes."""
     from rich.markup import escape
 
-    from kvctl.config import templates
     from kvctl.cli import output
+    from kvctl.config import templates
 
     t = templates.load(name, template_path)
     params = [{"name": p.name, "type": p.describe_type(), "default": p.default, "help": p.help}
@@ -95,13 +95,12 @@ def render(
 
     Notes on what was fitted to the version go to stderr, so stdout stays pipeable.
     """
-    from kvctl.config import templates
-    from kvctl.facts.capabilities import resolve_target
     from kvctl.cli import output
+    from kvctl.config import templates
     from kvctl.config.render import render as do_render
     from kvctl.config.render import write_bundle
-
     from kvctl.errors import UsageError
+    from kvctl.facts.capabilities import resolve_target
 
     if out_arg is not None and not out_arg.strip():
         raise UsageError("--out '': an empty folder name (it would mean the current folder)",
@@ -138,9 +137,9 @@ def validate(
     Reports every problem with file:line, what is wrong and how to fix it; exit 1 when any is an
     error, 2 when the input cannot be read (with --json, an error object on stdout too).
     """
-    from kvctl.facts.capabilities import resolve_target
     from kvctl.cli import output
     from kvctl.errors import KvctlError
+    from kvctl.facts.capabilities import resolve_target
     from kvctl.validate import validate_path
 
     try:

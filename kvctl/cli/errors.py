@@ -48,9 +48,9 @@ def handle_errors(func: F) -> F:
 
 
 def _print_error(message: str, hint: str | None) -> None:
-    from kvctl.cli.output import err_console
-
     from rich.markup import escape
+
+    from kvctl.cli.output import err_console
 
     # messages quote user input and server answers: never let them be read as markup
     err_console().print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)

@@ -10,9 +10,9 @@ import typer
 from kvctl._version import __version__
 from kvctl.cli import compat, config
 from kvctl.cli.coercion import install as install_coercion
-from kvctl.cli.reset import reset
 from kvctl.cli.doctor import doctor
 from kvctl.cli.probe import probe
+from kvctl.cli.reset import reset
 from kvctl.cli.runs import rm, runs_list
 from kvctl.cli.serve import serve, stop
 from kvctl.cli.status import status

@@ -43,8 +43,8 @@ def reset(
 
     Plans from each replica's live version; fails before sending anything when the reset could not be complete. Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial (the replicas not reset are named).
     """
-    from kvctl.reset.plan import ResetOptions
     from kvctl.reset.execute import hard_reset_fleet
+    from kvctl.reset.plan import ResetOptions
     from kvctl.targets import build_fleet
 
     if not (timeout > 0 and pause_timeout > 0 and clear_timeout >= 0) or retries < 0 or concurrency < 1:

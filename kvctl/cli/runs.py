@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvctl.cli.errors import handle_errors
 from kvctl.cli.completion import run_names
+from kvctl.cli.errors import handle_errors
 from kvctl.cli.options import JsonOpt, RayOpt, StateDirOpt
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ def runs_list(ray: RayOpt = None, state_dir: StateDirOpt = None, json_out: JsonO
 
     Columns: name, state, age, replicas, master, model, cache_prefix. The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --name NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME. With --ray ADDRESS: the runs that Ray cluster records (kvctl serve --ray), each checked by its actors; without it a Ray run is listed as recorded, unchecked.
     """
-    from kvctl.serve import runs
     from kvctl.cli import output
+    from kvctl.serve import runs
 
     if ray is not None:
         from kvctl.serve import ray_fleet

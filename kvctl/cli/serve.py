@@ -8,11 +8,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvctl.cli.errors import EXIT_FAILED, handle_errors
-from kvctl.errors import EXIT_INTERRUPTED
 from kvctl.cli.completion import template_names
+from kvctl.cli.errors import EXIT_FAILED, handle_errors
 from kvctl.cli.options import JsonOpt, RayOpt, SetOpt, StateDirOpt, TemplatePathOpt
-
+from kvctl.errors import EXIT_INTERRUPTED
 
 
 @handle_errors
@@ -200,9 +199,9 @@ def stop(
 
     A process is signalled only if its pid AND start time match the run record, so a reused pid is never touched. A Ray run (kvctl serve --ray; --ray ADDRESS --run NAME from any machine): each actor stops its process, then every actor of the run is killed, and a task on each node checks that none of its processes is left.
     """
-    from kvctl.serve import runs
     from kvctl.cli import output
     from kvctl.errors import UsageError
+    from kvctl.serve import runs
     from kvctl.serve.lifecycle import stop_and_settle
 
     if run and all_runs:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -18,6 +18,10 @@ def status(
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
     master: MasterOpt = None,
+    master_rpc: Annotated[Optional[str], typer.Option(
+        "--master-rpc", metavar="HOST:PORT",
+        help="The master's RPC port(s), as kvctl reset takes them (the same target flags work for both; "
+             "status checks them, it sends nothing there).")] = None,
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = 5.0,
@@ -25,21 +29,26 @@ def status(
 ) -> None:
     """Health, version, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
 
-    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes; with --ray ADDRESS, as that Ray cluster records it, its processes checked by their actors), --url/--inventory/$KVCTL_URLS, or else the only live run. Read-only (GETs only). Exit 0 every replica healthy (and the master reachable when one is targeted), 1 otherwise, 2 bad usage.
+    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes; with --ray ADDRESS, as that Ray cluster records it, its processes checked by their actors), --url/--inventory/$KVCTL_URLS, or else the only live run; --master takes one master or an HA group (a:9003,b:9003). Read-only (GETs only). Exit 0 every replica healthy (and the master reachable when one is targeted), 1 otherwise, 2 bad usage.
     """
-    from kvctl.status import NoTargets, fleet_status, resolve_targets
+    from kvctl.status import fleet_status
+    from kvctl.targets import NoTargets, resolve_targets
 
     if timeout <= 0:
         raise UsageError("--timeout must be > 0")
+    if run is not None and (url or inventory is not None):
+        raise UsageError("give --run NAME or --url/--inventory, not both",
+                         "--run reads the replicas and the master from the run record")
     try:
-        targets = resolve_targets(run, url, inventory, master, state_dir, ray=ray)
+        targets = resolve_targets(run, url, inventory, master, master_rpc, state_dir=state_dir, ray=ray,
+                                  default_to_live_run=True)
     except NoTargets:
         if not json_out:  # the runs it could look at; still exit 2: nothing was checked
             _show_known_runs(state_dir)
         raise
     import asyncio  # lazily: --help and other commands do not need it
 
-    result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.master, timeout, run=targets.run))
+    result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.masters, timeout, run=targets.run))
     if json_out:
         from kvctl.cli import output
 
@@ -50,8 +59,8 @@ def status(
 
 
 def _show_known_runs(state_dir: str | None) -> None:
-    from kvctl.serve import runs
     from kvctl.cli.runs import show_runs
+    from kvctl.serve import runs
 
     found = runs.summaries(state_dir)
     if found:
@@ -77,8 +86,8 @@ def _print(result: Any) -> None:
             style = "red" if not r.healthy else "yellow"
             where = "" if r.url.endswith("//" + r.name) else f" ({escape(r.url)})"
             output.show(f"[{style}]{escape(r.name)}[/]{where}: {escape(r.error)}")
-    if result.master is not None:
-        output.show(_master_line(result.master))
+    for m in result.masters:  # one master, or each of an HA group (the leader serves, standbys say not ready)
+        output.show(_master_line(m))
     style = "green" if result.ok else "red"
     output.show(f"[{style}]{escape(result.summary)}[/] [dim]({result.elapsed_s:.2f} s)[/]")
 

@@ -19,10 +19,11 @@ import yaml
 from packaging.version import Version
 
 from kvctl._version import __version__
+from kvctl.config.templates import Template, fill
+from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.bundle_layout import BUNDLE_FILES, MANIFEST, VERL_PATH
 from kvctl.facts.capabilities import CapabilityTable, table
-from kvctl.errors import KvctlError, UsageError
-from kvctl.config.templates import Template, connector_names, fill
+from kvctl.facts.kv_transfer import connector_names
 from kvctl.facts.versions import release
 
 FORMATS = ("verl", "vllm-args", "json", "env", "mooncake")

@@ -23,6 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from kvctl import yamlio
 from kvctl.errors import UsageError
+from kvctl.facts.kv_transfer import connector_names
 from kvctl.facts.sizes import parse_size
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -143,19 +144,6 @@ class Template:
                 )
             values[key] = self.parameters[key].coerce(raw, f"--set {key}")
         return values
-
-
-def connector_names(kv_transfer_config: dict[str, Any]) -> list[str]:
-    names: list[str] = []
-    name = kv_transfer_config.get("kv_connector")
-    if isinstance(name, str):
-        names.append(name)
-    extra = kv_transfer_config.get("kv_connector_extra_config")
-    if isinstance(extra, dict) and isinstance(extra.get("connectors"), list):
-        for child in extra["connectors"]:
-            if isinstance(child, dict):
-                names.extend(connector_names(child))
-    return names
 
 
 def _did_you_mean(word: str, options: Any) -> str:

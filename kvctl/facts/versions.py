@@ -51,7 +51,9 @@ class InstalledVllm:
 
 def installed_vllm() -> InstalledVllm | None:
     """The vLLM distribution installed in this interpreter, from package metadata only."""
-    from importlib import metadata  # lazily: ~10 ms that `kvctl reset --url` never needs
+    from importlib import (
+        metadata,  # lazily: ~10 ms that `kvctl reset --url` never needs
+    )
 
     for dist in VLLM_DISTRIBUTIONS:
         try:

@@ -18,7 +18,7 @@ from kvctl.facts.versions import parse_version
 from kvctl.reset import master as master_clear
 from kvctl.reset import plan as planning
 from kvctl.reset import verify
-from kvctl.reset.plan import PlannedOp, Plan, ReplicaPlan, ResetOptions, ha_group, replica_client, uses_master
+from kvctl.reset.plan import Plan, PlannedOp, ReplicaPlan, ResetOptions, ha_group, replica_client, uses_master
 from kvctl.reset.receipt import MasterReceipt, OpResult, Receipt, ReplicaReceipt, conclude, receipt_without_execution
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool

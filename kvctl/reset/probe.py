@@ -21,11 +21,11 @@ from typing import Any, Literal
 
 from packaging.version import Version
 
-from kvctl.facts.capabilities import table
 from kvctl.errors import EXIT_INCONCLUSIVE, EXIT_MATCH, EXIT_STALE, UsageError
+from kvctl.facts.capabilities import table
+from kvctl.targets import Fleet, Replica
 from kvctl.transport.http import HttpPool
 from kvctl.transport.pool import max_concurrency, shared_pool
-from kvctl.targets import Fleet, Replica
 from kvctl.transport.vllm_client import CallOutcome, ServerError, VllmClient
 
 Verdict = Literal["match", "STALE", "inconclusive"]

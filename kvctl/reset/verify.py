@@ -12,7 +12,6 @@ from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool
 from kvctl.transport.vllm_client import CallOutcome, ServerError, VllmClient
 
-
 # -- canary -------------------------------------------------------------------------------
 FALLBACK_BLOCK_SIZE = 128  # vLLM's CPU default; GPU builds default to 16 (a longer canary is fine)
 

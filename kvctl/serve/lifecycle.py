@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvctl.serve import procs
-from kvctl.serve import runs
 from kvctl.errors import KvctlError, UsageError
+from kvctl.serve import procs, runs
 from kvctl.serve.runs import Removed, RunRecord
 
 Event = Callable[..., None]

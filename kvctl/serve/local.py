@@ -23,8 +23,7 @@ from kvctl.serve.lifecycle import claim_run, stop_run
 from kvctl.serve.ports import free_port, port_in_use
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.serve.spec import ServeError, ServeSpec, check_spec
-from kvctl.serve.vllm_launch import VllmInstall, find_vllm, gpu_ids, replica_command, replica_env, \
-    tensor_parallel_size
+from kvctl.serve.vllm_launch import VllmInstall, find_vllm, gpu_ids, replica_command, replica_env, tensor_parallel_size
 
 Event = Callable[..., None]
 

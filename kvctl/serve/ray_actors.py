@@ -30,9 +30,7 @@ from typing import Any
 
 import ray
 
-from kvctl.serve import cpu_binding
-from kvctl.serve import procs
-from kvctl.serve import runs
+from kvctl.serve import cpu_binding, procs, runs
 from kvctl.serve.ports import free_port
 from kvctl.serve.procs import ProcessRef
 from kvctl.serve.spec import ServeError

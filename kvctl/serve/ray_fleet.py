@@ -27,9 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl.serve import procs
-from kvctl.serve import runs
 from kvctl.errors import KvctlError, UsageError
+from kvctl.serve import procs, runs
 from kvctl.serve.procs import ProcessRef
 from kvctl.serve.runs import RunRecord
 

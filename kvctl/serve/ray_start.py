@@ -25,16 +25,15 @@ from typing import Any
 from packaging.version import Version
 
 from kvctl._version import __version__
-from kvctl.serve import ray_fleet
-from kvctl.serve import runs
-from kvctl.serve.ray_fleet import Node, RayFleetError
-from kvctl.facts.bundle_layout import BUNDLE_FILES
-from kvctl.serve.cpu_binding import CpuPlan
 from kvctl.errors import KvctlError, UsageError
+from kvctl.facts.bundle_layout import BUNDLE_FILES
+from kvctl.serve import ray_fleet, runs
+from kvctl.serve.cpu_binding import CpuPlan
 from kvctl.serve.lifecycle import claim_run, stop_run
-from kvctl.serve.procs import ProcessRef
-from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.serve.local import Event, check_master_reachable, render_config
+from kvctl.serve.procs import ProcessRef
+from kvctl.serve.ray_fleet import Node, RayFleetError
+from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.serve.spec import ServeError, ServeSpec, check_spec, remote_admin_refused
 from kvctl.serve.vllm_launch import VllmInstall, is_loopback, tensor_parallel_size
 

@@ -24,13 +24,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from kvctl.transport.http import (
-    _USER_AGENT,
-    HttpResponse,
-    TransportError,
-    default_ssl_context,
-    with_query,
-)
+from kvctl.transport.http import _USER_AGENT, HttpResponse, TransportError, default_ssl_context, with_query
 
 _HEADERS = {"User-Agent": _USER_AGENT.decode(), "Accept": "*/*"}
 _JSON_HEADERS = {**_HEADERS, "Content-Type": "application/json"}

@@ -110,12 +110,7 @@ class VllmClient(HttpClientBase):
         request already sent. Returns the answer (or the last retryable failure) and how many
         more requests were sent.
         """
-        from tenacity import (
-            AsyncRetrying,
-            retry_if_exception_type,
-            stop_after_attempt,
-            wait_exponential,
-        )
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
         pending: Exception | None = first
         sent = 0

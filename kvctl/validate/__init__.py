@@ -18,24 +18,16 @@ from typing import Any
 from packaging.version import Version
 
 from kvctl.errors import UsageError
-from kvctl.config.templates import connector_names
+from kvctl.facts.kv_transfer import connector_names
+from kvctl.facts.versions import parse_version
 from kvctl.validate.env import validate_env
 from kvctl.validate.kv_config import validate_kv_transfer_config, version_notes
 from kvctl.validate.lmcache import validate_lmcache_config
-from kvctl.validate.model import (
-    ERROR,
-    WARNING,
-    Artifact,
-    Problem,
-    SourceLines,
-    ValidationReport,
-    locate,
-)
+from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines, ValidationReport, locate
 from kvctl.validate.mooncake_file import validate_mooncake_config
 from kvctl.validate.readers import not_found, read
 from kvctl.validate.readers.documents import node_lines, parse_document
 from kvctl.validate.readers.env_file import read_env_file
-from kvctl.facts.versions import parse_version
 
 __all__ = [
     "ERROR", "WARNING", "Problem", "SourceLines", "ValidationReport", "load_kv_transfer_config",

@@ -11,7 +11,6 @@ from kvctl.facts.bundle_layout import BUNDLE_FILES
 from kvctl.validate.env import STORE_CONNECTOR
 from kvctl.validate.model import ERROR, WARNING, Collector, Problem, SourceLines
 
-
 EnvLines = tuple[Mapping[str, str], SourceLines]  # an env and the line of each variable
 
 

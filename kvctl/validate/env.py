@@ -19,7 +19,7 @@ def validate_env(
     lines: Mapping[str, int] | None = None,
 ) -> list[Problem]:
     """Problems with the servers' environment. `connectors`: every connector name in the
-    kv_transfer_config, MultiConnector children included (kvctl.config.templates.connector_names)."""
+    kv_transfer_config, MultiConnector children included (kvctl.facts.kv_transfer.connector_names)."""
     out, names = Collector(lines), set(connectors)
     _check_hash_seed(env.get("PYTHONHASHSEED"), join(where, "PYTHONHASHSEED"), out)
     _check_dev_mode(env.get("VLLM_SERVER_DEV_MODE"), join(where, "VLLM_SERVER_DEV_MODE"), out)

@@ -12,21 +12,11 @@ from typing import Any
 from packaging.version import Version
 
 from kvctl.facts.capabilities import table
-from kvctl.validate.field_types import type_error
-from kvctl.validate.model import (
-    ERROR,
-    WARNING,
-    Collector,
-    Problem,
-    closest,
-    did_you_mean,
-    either,
-    find_key,
-    join,
-    placeholder,
-)
-from kvctl.validate.mooncake_file import MOONCAKE_KEYS
 from kvctl.facts.versions import parse_version
+from kvctl.validate.field_types import type_error
+from kvctl.validate.model import ERROR, WARNING, Collector, Problem, closest, did_you_mean, either, find_key, join, \
+    placeholder
+from kvctl.validate.mooncake_file import MOONCAKE_KEYS
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 LOAD_FAILURE_POLICIES = ("recompute", "fail")

@@ -13,8 +13,8 @@ from packaging.version import Version
 
 from kvctl.facts.capabilities import table
 from kvctl.facts.sizes import parse_size
-from kvctl.validate.model import Collector, Problem, did_you_mean, join, placeholder
 from kvctl.facts.versions import parse_version
+from kvctl.validate.model import Collector, Problem, did_you_mean, join, placeholder
 
 MOONCAKE_MODES = ("embedded", "standalone-store")
 MOONCAKE_PROTOCOLS = ("tcp", "rdma")

@@ -21,9 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvctl.serve import procs
-from kvctl.serve import runs
 from kvctl.facts import mooncake_log as transport_log
+from kvctl.serve import procs, runs
 from kvctl.transport.vllm_metrics import parse_vllm_metrics
 
 # CPU-friendly flags for the tiny model (FACTS §5): block size 128, so prompts need > 128 tokens.

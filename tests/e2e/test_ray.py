@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.serve import procs
-from kvctl.serve import runs
+from kvctl.serve import procs, runs
 from kvctl.serve.cpu_binding import parse_ids
 from kvctl.serve.ports import free_port
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.serve import procs
-from kvctl.serve import runs
+from kvctl.serve import procs, runs
 
 from .conftest import VLLM_ARGS, kvctl
 

@@ -97,9 +97,9 @@ def test_scoped_reset_keeps_another_deployments_keys(stack: Stack) -> None:
     """Another deployment (a real store client writing svc-b@ keys) shares the run's master: a
     reset of the run loses none of them, and the replicas stay consistent after a clear done
     outside vLLM (requests succeed, canaries verify, the stale prompt is recomputed)."""
-    from ..integration.helpers import StoreWriter
-
     from kvctl.transport.store_client import remove_matching
+
+    from ..integration.helpers import StoreWriter
 
     a, b = stack.urls
     probe(a, stack.model)

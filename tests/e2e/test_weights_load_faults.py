@@ -19,8 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvctl.serve import procs
-from kvctl.serve import runs
+from kvctl.serve import procs, runs
 from kvctl.serve.vllm_launch import find_vllm, replica_command, replica_env
 
 from .conftest import HTTP_TIMEOUT, PROMPT, Stack, kvctl, master_keys, probe, receipt, reset_local, start_stack, \

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.transport.master_admin import MasterAdmin, MasterError
 from kvctl.serve.master_process import MasterProcess
 from kvctl.serve.ports import free_port
+from kvctl.transport.master_admin import MasterAdmin, MasterError
 
 from .helpers import LEASE_TTL, in_ci, require_mooncake, run
 

@@ -24,16 +24,16 @@ from typing import Any
 
 import pytest
 
+from kvctl.reset.execute import execute_plan
+from kvctl.reset.plan import ResetOptions, plan_reset
+from kvctl.serve.master_process import MasterProcess
+from kvctl.targets import build_fleet
 from kvctl.transport import store_client
 from kvctl.transport.master_admin import MasterAdmin
-from kvctl.serve.master_process import MasterProcess
-from kvctl.reset.plan import ResetOptions, plan_reset
-from kvctl.reset.execute import execute_plan
-from kvctl.targets import build_fleet
+from tests.doubles import DoubleFleet, VllmDouble
 
-from ..doubles import DoubleFleet, VllmDouble
-from .helpers import StoreWriter, admin_call, run, wait_for
 from .ha import EtcdServer, require_etcd, start_ha_pair
+from .helpers import StoreWriter, admin_call, run, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvctl.transport.master_admin import MasterAdmin, MasterError
 from kvctl.serve.master_process import MasterProcess
+from kvctl.transport.master_admin import MasterAdmin, MasterError
 
 from .helpers import StoreWriter, admin_call, require_mooncake, run, wait_for
 

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from kvctl.serve.master_process import MasterProcess
+from tests.doubles import DoubleFleet, OldMasterFront, VllmDouble
 
-from ..doubles import DoubleFleet, OldMasterFront, VllmDouble
 from .helpers import StoreWriter, admin_call
 
 pytestmark = pytest.mark.integration

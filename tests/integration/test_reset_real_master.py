@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from kvctl.serve.master_process import MasterProcess
+from tests.doubles import DoubleFleet, VllmDouble
 
-from ..doubles import DoubleFleet, VllmDouble
 from .helpers import StoreWriter, admin_call
 
 pytestmark = pytest.mark.integration

@@ -5,10 +5,8 @@ from __future__ import annotations
 import ast
 import re
 
-from tools.capabilities.source import (
-    SourceTree, callee_name, find_class, functions, imported_modules, imported_names, loc,
-    own_nodes, str_const,
-)
+from tools.capabilities.source import SourceTree, callee_name, find_class, functions, imported_modules, \
+    imported_names, loc, own_nodes, str_const
 
 KV_DIR = "vllm/distributed/kv_transfer/"
 # Abstract bases whose reset_cache is the "not implemented" default, not a real reset.

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from tools.capabilities.source import (
-    SourceTree, callee_name, functions, imported_names, loc, module_name, own_nodes, str_const,
-)
+from tools.capabilities.source import SourceTree, callee_name, functions, imported_names, loc, module_name, \
+    own_nodes, str_const
 
 ROUTES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/pause", "/resume",
           "/is_paused", "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/server_info")

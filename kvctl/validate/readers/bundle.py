@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvctl.facts.bundle_layout import BUNDLE_FILES, MANIFEST
 from kvctl.errors import UsageError
-from kvctl.config.templates import connector_names
+from kvctl.facts.bundle_layout import BUNDLE_FILES, MANIFEST
+from kvctl.facts.kv_transfer import connector_names
 from kvctl.validate.model import Artifact, describe
 from kvctl.validate.readers.documents import node_lines, parse_document, read_text
 from kvctl.validate.readers.env_file import read_env_file

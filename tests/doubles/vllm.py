@@ -1,0 +1,802 @@
+"""HTTP TEST DOUBLE of vLLM's OpenAI-compatible server: :class:`VllmDouble`.
+
+The double encodes vLLM's per-version behaviour *here* (the ``V_*`` constants, the connector
+sets, :func:`parse_version`, :func:`connector_reset_clears_store`), from the project's field
+facts (vLLM's and Mooncake's released sources, FACTS.md sections 2-4); it imports nothing from
+``kvctl``. Part of :mod:`tests.doubles` (see its docstring).
+
+Cache model (kept deliberately close to vLLM's prefix caching)
+--------------------------------------------------------------
+* A token is a whitespace-separated word (``/tokenize`` maps each word to a stable int id).
+* Only full blocks are cached: a prompt of ``n`` tokens has ``n // block_size`` blocks; block
+  ``i`` is keyed by a hash chained over every token up to its end (same prefix -> same keys).
+  The chain's root depends on ``model`` and ``hash_seed`` (vLLM's ``PYTHONHASHSEED``): replicas
+  with different seeds never share keys, as in real life.
+* Like vLLM, at most ``(n - 1) // block_size`` blocks can *hit* (the last prompt token is
+  always recomputed), so a prompt of exactly ``2 * block_size`` tokens hits one block, not two.
+* Leading blocks found in ``local_blocks`` are local hits; the blocks right after them found in
+  the :class:`SharedStore` (only with a store-backed connector whose ``kv_role`` loads) are
+  external hits. Then every full block is kept locally and, with a store-backed connector whose
+  ``kv_role`` saves, written to the store under ``cache_prefix + "@" + block_hash`` (or the bare hash).
+* Counters follow vLLM's scheduler: ``prefix_cache_queries += n``, ``prefix_cache_hits +=
+  local hit tokens``; with a connector configured ``external_prefix_cache_queries += n - local
+  hit tokens`` (skipped when 0) and ``external_prefix_cache_hits += external hit tokens``;
+  ``usage.prompt_tokens_details.cached_tokens`` = local + external hit tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from packaging.version import InvalidVersion, Version
+
+from .faults import Call, Faults
+from .server import DoubleServer, Handler, _phrase, _prom_float, _prom_labels
+from .store import SharedStore
+
+VersionTuple = tuple[int, int, int]
+
+
+def parse_version(version: str) -> VersionTuple:
+    """``"0.32.0+cpu"`` -> ``(0, 32, 0)``.
+
+    Only the release numbers count: pre-releases, dev builds and local tags (``rc1``, ``+cpu``)
+    are treated as the release they lead to, so ``0.13.0rc1`` behaves like ``0.13.0``.
+    """
+    try:
+        release = Version(version).release
+    except InvalidVersion as exc:
+        raise ValueError(f"not a vLLM version: {version!r}") from exc
+    padded = (tuple(release) + (0, 0, 0))[:3]
+    return (padded[0], padded[1], padded[2])
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM facts, encoded inside the double (first minor release that has the behaviour).
+# Source: FACTS.md sections 2-3 and the vLLM sources; see the notes on the uncertain ones.
+# --------------------------------------------------------------------------------------------
+V_PREFIX_CACHE_METRICS = (0, 9, 2)       # vllm:prefix_cache_{queries,hits}
+V_GPU_PREFIX_CACHE_METRICS_GONE = (0, 12, 0)  # vllm:gpu_prefix_cache_* exist up to 0.11.x
+V_NESTED_ERROR_BODY = (0, 10, 2)         # {"error": {...}} error bodies (approximate: not checked)
+V_EXTERNAL_PREFIX_METRICS = (0, 11, 1)   # vllm:external_prefix_cache_{queries,hits}
+V_RESET_MM_ROUTE = (0, 11, 1)            # POST /reset_mm_cache (dev)
+V_PAUSE_ROUTES = (0, 12, 0)              # /pause /resume /is_paused
+V_RESET_PARAMS = (0, 13, 0)              # reset_running_requests / reset_external honoured
+V_SERVER_INFO_ROUTE = (0, 11, 0)         # GET /server_info?config_format= (dev; vllm_facts.json)
+V_MULTI_CONNECTOR_RESET = (0, 13, 0)     # MultiConnector.reset_cache resets children
+V_MOONCAKE_P2P_CONNECTOR = (0, 13, 0)    # v1 MooncakeConnector exists
+V_KV_LOAD_FAILURE_POLICY = (0, 13, 0)
+V_PAUSE_DEV_GATED = (0, 16, 0)           # and `mode=abort|wait|keep` replaces the old params
+V_RESET_ENCODER_ROUTE = (0, 16, 0)       # POST /reset_encoder_cache (dev)
+V_PROMPT_TOKENS_CACHED_METRIC = (0, 16, 0)
+V_KV_LOAD_FAILURE_FAIL_DEFAULT = (0, 17, 0)
+V_KV_BUFFER_DEVICE_PLATFORM = (0, 18, 0)
+V_MOONCAKE_STORE_CONNECTOR = (0, 21, 0)  # v1 MooncakeStoreConnector exists
+V_STORE_CONNECTOR_CLEARS = (0, 23, 0)    # MooncakeStoreConnector.reset_cache -> remove_all(force)
+V_PAUSE_CLEAR_RESETS_CONNECTOR = (0, 23, 0)
+V_RESET_JSON_BODY = (0, 26, 0)           # /reset_prefix_cache answers {"success": bool}
+V_KV_LEGACY_FIELDS_REMOVED = (0, 32, 0)  # kv_buffer_size/_rank/_parallel_size, kv_ip (kv_port?)
+V_PROMPT_TOKENS_BY_SOURCE = (0, 32, 0)   # seen on a 0.32 run; first version not checked
+
+# Connectors vLLM's registry knows (an unknown name makes vLLM refuse to start).
+KNOWN_CONNECTORS = frozenset({
+    "SharedStorageConnector", "ExampleConnector", "P2pNcclConnector", "LMCacheConnectorV1",
+    "LMCacheMPConnector", "NixlConnector", "MultiConnector", "MooncakeConnector",
+    "MooncakeStoreConnector", "OffloadingConnector", "SimpleCPUOffloadConnector",
+    "DecodeBenchConnector",
+})
+# Connectors whose blocks live in the shared (Mooncake-like) store modelled by SharedStore.
+# LMCache can sit on a Mooncake backend; P2P connectors (Nixl, MooncakeConnector, P2pNccl) move
+# KV between prefill and decode instances and never read a shared store.
+STORE_BACKED_CONNECTORS = frozenset({
+    "MooncakeStoreConnector", "LMCacheConnectorV1", "LMCacheMPConnector",
+})
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+PAUSE_MODES = ("abort", "wait", "keep")
+PAUSE_WAIT_POLL_S = 0.005
+
+
+def connector_reset_clears_store(connector: str, version: VersionTuple) -> bool:
+    """Whether ``connector.reset_cache()`` on ``version`` really empties the shared store.
+
+    MooncakeStoreConnector clears (``remove_all(force=True)`` on the master: master-wide, every
+    prefix) from 0.23.0; on 0.21-0.22 its reset is a silent no-op that still reports success.
+    LMCacheConnectorV1, LMCacheMPConnector, Nixl*, the P2P MooncakeConnector and the rest never
+    clear the shared store (Offloading/SimpleCPUOffload clear only their own CPU tier).
+    """
+    return connector == "MooncakeStoreConnector" and version >= V_STORE_CONNECTOR_CLEARS
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM double
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Counters:
+    """Token counters of one replica (what ``/metrics`` exposes), plus double-only tallies.
+
+    ``local_resets`` and ``store_clears`` are NOT in ``/metrics`` (real vLLM has no such
+    counters): they let tests see what a reset really did.
+    """
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prompt_tokens_cached: int = 0
+    prompt_tokens_local_compute: int = 0
+    prompt_tokens_local_cache_hit: int = 0
+    prompt_tokens_external_kv_transfer: int = 0
+    requests: int = 0
+    local_resets: int = 0
+    store_clears: int = 0
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+
+
+_TRUE = {"true", "1", "yes", "on", "t", "y"}
+_FALSE = {"false", "0", "no", "off", "f", "n"}
+
+
+class VllmDouble(DoubleServer):
+    """TEST DOUBLE of one ``vllm serve`` API server (OpenAI-compatible + dev routes).
+
+    Args (all kept as public attributes; change them between requests if a test needs to):
+        version: what ``GET /version`` reports and what every version-dependent behaviour keys
+            on, e.g. ``"0.32.0+cpu"``.
+        dev_mode: ``VLLM_SERVER_DEV_MODE=1``. When False, every dev route answers 404 exactly
+            like vLLM (reset routes, ``/server_info``, and ``/pause``-family from 0.16.0).
+        connector: ``kv_transfer_config.kv_connector`` or ``None`` (no connector). Unknown names,
+            ``MooncakeStoreConnector`` before 0.21.0 and ``MooncakeConnector`` before 0.13.0
+            raise ``ValueError`` (vLLM would refuse to start).
+        child_connectors: children of a ``MultiConnector`` (names).
+        kv_role: ``kv_both`` (loads and saves), ``kv_producer`` (saves), ``kv_consumer`` (loads).
+        block_size, max_model_len, model: as the vLLM flags.
+        prompt_tokens_details: ``--enable-prompt-tokens-details`` (else
+            ``usage.prompt_tokens_details`` is ``null``).
+        cache_prefix: the store connector's ``kv_connector_extra_config.cache_prefix``;
+            prefixes every key this replica writes to / reads from the store.
+        store: the :class:`SharedStore` behind a store-backed connector (``None``: no external
+            cache even with a connector).
+        hash_seed: stands for ``PYTHONHASHSEED``; only replicas with equal seeds (and models)
+            share block keys.
+        api_key: ``--api-key``: protects ``/v1/*`` only (401 ``{"error": "Unauthorized"}``).
+        healthy: ``False`` makes ``/health`` answer 503 (engine dead).
+        pause_timeout: how long ``/v1/completions`` waits while paused before answering 503.
+        kv_transfer_config: the full config to report in ``/server_info``; when given, the
+            connector, children, ``kv_role`` and ``cache_prefix`` are read from it instead.
+        faults: a :class:`Faults`.
+
+    State: ``calls``, ``paused``, ``pause_mode``, ``local_blocks`` (set of block hashes),
+    ``counters`` (:class:`Counters`), ``url``/``port`` once started by a :class:`DoubleFleet`.
+    """
+
+    kind = "vllm"
+
+    def __init__(
+        self,
+        version: str = "0.32.0+cpu",
+        *,
+        dev_mode: bool = True,
+        connector: str | None = "MooncakeStoreConnector",
+        child_connectors: Iterable[str] = (),
+        kv_role: str = "kv_both",
+        block_size: int = 16,
+        max_model_len: int = 512,
+        model: str = "double-model",
+        prompt_tokens_details: bool = True,
+        cache_prefix: str | None = None,
+        store: SharedStore | None = None,
+        hash_seed: str = "0",
+        api_key: str | None = None,
+        healthy: bool = True,
+        pause_timeout: float = 30.0,
+        kv_transfer_config: dict[str, Any] | None = None,
+        faults: Faults | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(faults, name)
+        self.version = version
+        self.v = parse_version(version)
+        self.dev_mode = dev_mode
+        self.block_size = int(block_size)
+        self.max_model_len = int(max_model_len)
+        self.model = model
+        self.prompt_tokens_details = prompt_tokens_details
+        self.store = store
+        self.hash_seed = str(hash_seed)
+        self.api_key = api_key
+        self.healthy = healthy
+        self.pause_timeout = float(pause_timeout)
+        self.engine_id = str(uuid.uuid4())
+        self.created = int(time.time())
+        self.start_time = time.time()
+        if kv_transfer_config is not None:
+            connector, child_connectors, kv_role, cache_prefix = _read_kv_config(kv_transfer_config)
+        self.connector = connector
+        self.child_connectors = tuple(child_connectors)
+        self.kv_role = kv_role
+        self.cache_prefix = cache_prefix
+        self._validate()
+        self.kv_transfer_config = (kv_transfer_config if kv_transfer_config is not None
+                                   else self._default_kv_transfer_config())
+        self.paused = False
+        self.pause_mode: str | None = None
+        self.local_blocks: set[str] = set()
+        self.counters = Counters()
+        self.waiting = 0
+
+    def __repr__(self) -> str:
+        where = f" {self.url}" if self.port else ""
+        return (f"VllmDouble({self.name or self.version!r}{where}, connector={self.connector!r}, "
+                f"dev_mode={self.dev_mode})")
+
+    # -- configuration ------------------------------------------------------------------------
+    def _validate(self) -> None:
+        if self.block_size <= 0 or self.max_model_len <= 0:
+            raise ValueError("block_size and max_model_len must be positive")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {KV_ROLES}, got {self.kv_role!r}")
+        names = ([self.connector] if self.connector else []) + list(self.child_connectors)
+        for name in names:
+            if name not in KNOWN_CONNECTORS:
+                raise ValueError(f"Unsupported connector type: {name}")
+            if name == "MooncakeStoreConnector" and self.v < V_MOONCAKE_STORE_CONNECTOR:
+                raise ValueError(f"Unsupported connector type: {name} (vLLM {self.version} "
+                                 "has no MooncakeStoreConnector; it arrived in 0.21.0)")
+            if name == "MooncakeConnector" and self.v < V_MOONCAKE_P2P_CONNECTOR:
+                raise ValueError(f"Unsupported connector type: {name} (vLLM {self.version})")
+        if self.connector == "MultiConnector" and not self.child_connectors:
+            raise ValueError("MultiConnector needs child_connectors")
+        if self.connector != "MultiConnector" and self.child_connectors:
+            raise ValueError("child_connectors only make sense with MultiConnector")
+
+    def _effective_connectors(self) -> tuple[str, ...]:
+        if self.connector is None:
+            return ()
+        if self.connector == "MultiConnector":
+            return self.child_connectors
+        return (self.connector,)
+
+    @property
+    def store_backed(self) -> bool:
+        """True if this replica reads/writes the shared store at all."""
+        return self.store is not None and any(
+            c in STORE_BACKED_CONNECTORS for c in self._effective_connectors())
+
+    @property
+    def external_reset_clears_store(self) -> bool:
+        """Whether a connector reset on this version/connector really empties the store."""
+        if self.store is None or self.connector is None:
+            return False
+        if self.connector == "MultiConnector":
+            return self.v >= V_MULTI_CONNECTOR_RESET and any(
+                connector_reset_clears_store(c, self.v) for c in self.child_connectors)
+        return connector_reset_clears_store(self.connector, self.v)
+
+    def _default_kv_transfer_config(self) -> dict[str, Any] | None:
+        if self.connector is None:
+            return None
+
+        def one(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+            cfg: dict[str, Any] = {
+                "kv_connector": name,
+                "engine_id": self.engine_id,
+                "kv_buffer_device": "cpu" if self.v >= V_KV_BUFFER_DEVICE_PLATFORM else "cuda",
+                "kv_buffer_size": 1e9,
+                "kv_role": self.kv_role,
+                "kv_rank": None,
+                "kv_parallel_size": 1,
+                "kv_ip": "127.0.0.1",
+                "kv_port": 14579,
+                "kv_connector_extra_config": extra,
+                "kv_connector_module_path": None,
+            }
+            if self.v >= V_KV_LOAD_FAILURE_POLICY:
+                cfg["enable_permute_local_kv"] = False
+                cfg["kv_load_failure_policy"] = (
+                    "fail" if self.v >= V_KV_LOAD_FAILURE_FAIL_DEFAULT else "recompute")
+            if self.v >= V_KV_LEGACY_FIELDS_REMOVED:
+                for legacy in ("kv_buffer_size", "kv_rank", "kv_parallel_size", "kv_ip",
+                               "kv_port"):
+                    cfg.pop(legacy)
+            return cfg
+
+        def extra_for(name: str) -> dict[str, Any]:
+            if self.cache_prefix is not None and name in STORE_BACKED_CONNECTORS:
+                return {"cache_prefix": self.cache_prefix}
+            return {}
+
+        if self.connector == "MultiConnector":
+            children = [one(c, extra_for(c)) for c in self.child_connectors]
+            for child in children:
+                child.pop("engine_id", None)
+            return one("MultiConnector", {"connectors": children})
+        return one(self.connector, extra_for(self.connector))
+
+    # -- cache model ----------------------------------------------------------------------------
+    @staticmethod
+    def token_id(word: str) -> int:
+        """The double's tokenizer: one stable id per whitespace-separated word."""
+        return 1000 + zlib.crc32(word.encode()) % 100_000
+
+    def tokenize(self, prompt: Any) -> list[int]:
+        """A prompt (str, list of ids, or a one-element list of str) -> token ids."""
+        if isinstance(prompt, str):
+            return [self.token_id(w) for w in prompt.split()]
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                            for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            return [self.token_id(w) for w in prompt[0].split()]
+        raise _BadRequest(400, "prompt must be a string or a list of token ids (the double "
+                               "serves one prompt per request)", "BadRequestError", "prompt")
+
+    def block_hashes(self, ids: list[int]) -> list[str]:
+        """Chained hashes of the full blocks of ``ids`` (same prefix -> same hashes)."""
+        bs = self.block_size
+        parent = hashlib.sha256(f"{self.hash_seed}|{self.model}".encode()).hexdigest()[:32]
+        hashes = []
+        for i in range(len(ids) // bs):
+            block = ",".join(str(t) for t in ids[i * bs:(i + 1) * bs])
+            parent = hashlib.sha256(f"{parent}|{block}".encode()).hexdigest()[:32]
+            hashes.append(parent)
+        return hashes
+
+    def store_key(self, block_hash: str) -> str:
+        # vLLM's MooncakeStoreConnector (store/data.py): f"{cache_prefix}@" before the hash
+        return f"{self.cache_prefix}@{block_hash}" if self.cache_prefix else block_hash
+
+    def prompt_keys(self, prompt: str | list[int]) -> list[str]:
+        """The store keys this replica would write for ``prompt`` (for seeding/asserting)."""
+        return [self.store_key(h) for h in self.block_hashes(self.tokenize(prompt))]
+
+    def _loads(self) -> bool:
+        return self.store_backed and self.kv_role in ("kv_consumer", "kv_both")
+
+    def _saves(self) -> bool:
+        return self.store_backed and self.kv_role in ("kv_producer", "kv_both")
+
+    def _prefill(self, ids: list[int], completion_tokens: int) -> tuple[int, int]:
+        """Run the cache model for one request; returns (local hit tokens, external hit tokens)."""
+        n, bs = len(ids), self.block_size
+        hashes = self.block_hashes(ids)
+        max_hit = (n - 1) // bs if n else 0
+        local = 0
+        while local < max_hit and hashes[local] in self.local_blocks:
+            local += 1
+        external = 0
+        if self._loads():
+            assert self.store is not None
+            while (local + external < max_hit
+                   and self.store_key(hashes[local + external]) in self.store):
+                external += 1
+        self.local_blocks.update(hashes)
+        if self._saves():
+            assert self.store is not None
+            self.store.add_many(self.store_key(h) for h in hashes)
+
+        local_tokens, external_tokens = local * bs, external * bs
+        c = self.counters
+        c.requests += 1
+        c.prompt_tokens += n
+        c.generation_tokens += completion_tokens
+        c.prefix_cache_queries += n
+        c.prefix_cache_hits += local_tokens
+        if self.connector is not None and n - local_tokens != 0:
+            c.external_prefix_cache_queries += n - local_tokens
+            c.external_prefix_cache_hits += external_tokens
+        c.prompt_tokens_cached += local_tokens + external_tokens
+        c.prompt_tokens_local_cache_hit += local_tokens
+        c.prompt_tokens_external_kv_transfer += external_tokens
+        c.prompt_tokens_local_compute += n - local_tokens - external_tokens
+        return local_tokens, external_tokens
+
+    def _reset_local(self) -> None:
+        self.local_blocks.clear()
+        self.counters.local_resets += 1
+
+    def _reset_connector(self) -> None:
+        """``connector.reset_cache()``: clears the shared store only where vLLM really does."""
+        if self.external_reset_clears_store:
+            assert self.store is not None
+            self.store.remove_all(force=True)
+            self.counters.store_clears += 1
+
+    # -- HTTP plumbing ----------------------------------------------------------------------------
+    def _routes(self) -> dict[str, dict[str, Handler]]:
+        v, dev = self.v, self.dev_mode
+        routes: dict[str, dict[str, Handler]] = {
+            "/health": {"GET": self._h_health},
+            "/version": {"GET": self._h_version},
+            "/v1/models": {"GET": self._h_models},
+            "/metrics": {"GET": self._h_metrics},
+            "/tokenize": {"POST": self._h_tokenize},
+            "/v1/completions": {"POST": self._h_completions},
+        }
+        if dev:
+            routes["/reset_prefix_cache"] = {"POST": self._h_reset_prefix_cache}
+            if v >= V_RESET_MM_ROUTE:
+                routes["/reset_mm_cache"] = {"POST": self._h_reset_mm_cache}
+            if v >= V_RESET_ENCODER_ROUTE:
+                routes["/reset_encoder_cache"] = {"POST": self._h_reset_encoder_cache}
+            if v >= V_SERVER_INFO_ROUTE:
+                routes["/server_info"] = {"GET": self._h_server_info}
+        if v >= V_PAUSE_ROUTES and (dev or v < V_PAUSE_DEV_GATED):
+            routes["/pause"] = {"POST": self._h_pause}
+            routes["/resume"] = {"POST": self._h_resume}
+            routes["/is_paused"] = {"GET": self._h_is_paused}
+        return routes
+
+    async def _route(self, request: web.Request, call: Call) -> web.StreamResponse:
+        methods = self._routes().get(request.path)
+        if methods is None:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        handler = methods.get(request.method)
+        if handler is None:
+            return web.json_response({"detail": "Method Not Allowed"}, status=405,
+                                     headers={"Allow": ", ".join(methods)})
+        if request.path.startswith("/v1/") and self.api_key is not None:
+            if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        try:
+            return await handler(request, call)
+        except _BadRequest as err:
+            return self._error(err.status, err.message, err.err_type, err.param)
+
+    def _fault_response(self, status: int) -> web.Response:
+        if status == 500:
+            return web.Response(status=500, text="Internal Server Error")
+        return web.json_response({"detail": _phrase(status)}, status=status)
+
+    def _error(self, status: int, message: str, err_type: str,
+               param: str | None = None) -> web.Response:
+        """vLLM's ErrorResponse: nested ``{"error": {...}}`` (flat before ~0.10.2)."""
+        info = {"message": message, "type": err_type, "param": param, "code": status}
+        if self.v >= V_NESTED_ERROR_BODY:
+            return web.json_response({"error": info}, status=status)
+        return web.json_response({"object": "error", **info}, status=status)
+
+    def _query_bool(self, call: Call, name: str, default: bool) -> bool:
+        """A FastAPI ``bool`` query parameter (invalid -> vLLM's 400 validation error)."""
+        raw = call.query.get(name)
+        if raw is None:
+            return default
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise _BadRequest(
+            400,
+            "1 validation error:\n  {'type': 'bool_parsing', 'loc': ('query', '%s'), "
+            "'msg': 'Input should be a valid boolean, unable to interpret input', "
+            "'input': '%s'}" % (name, raw),
+            "Bad Request", f"query.{name}")
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model:
+            raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError",
+                              "model")
+
+    # -- handlers: basics -------------------------------------------------------------------------
+    async def _h_health(self, request: web.Request, call: Call) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _h_version(self, request: web.Request, call: Call) -> web.Response:
+        return web.json_response({"version": self.version})
+
+    async def _h_models(self, request: web.Request, call: Call) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": self.created, "owned_by": "vllm",
+            "root": self.model, "parent": None, "max_model_len": self.max_model_len,
+            "permission": [{
+                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                "created": int(time.time()), "allow_create_engine": False,
+                "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+                "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                "group": None, "is_blocking": False}],
+        }]})
+
+    async def _h_tokenize(self, request: web.Request, call: Call) -> web.Response:
+        body = call.body if isinstance(call.body, dict) else None
+        if body is None or "prompt" not in body:
+            raise _BadRequest(400, "the double's /tokenize needs a JSON body with `prompt`",
+                              "Bad Request", "body.prompt")
+        self._check_model(body)
+        ids = self.tokenize(body["prompt"])
+        return web.json_response({"count": len(ids), "max_model_len": self.max_model_len,
+                                  "tokens": ids, "token_strs": None})
+
+    # -- handlers: completions --------------------------------------------------------------------
+    async def _h_completions(self, request: web.Request, call: Call) -> web.Response:
+        body = call.body if isinstance(call.body, dict) else None
+        if body is None:
+            raise _BadRequest(400, "Expected a JSON object body", "Bad Request", "body")
+        self._check_model(body)
+        if "prompt" not in body:
+            raise _BadRequest(400, "Field required: prompt", "Bad Request", "body.prompt")
+        ids = self.tokenize(body["prompt"])
+        n = len(ids)
+        max_tokens = body.get("max_tokens", 16)
+        if max_tokens is None:
+            max_tokens = max(self.max_model_len - n, 0)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise _BadRequest(400, f"max_tokens must be at least 1, got {max_tokens}.",
+                              "BadRequestError", "max_tokens")
+        if n + max_tokens > self.max_model_len:
+            raise _BadRequest(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {n + max_tokens} tokens ({n} in the messages, {max_tokens} in "
+                "the completion). Please reduce the length of the messages or completion.",
+                "BadRequestError", None)
+
+        if self.paused:
+            self.waiting += 1
+            try:
+                deadline = time.monotonic() + self.pause_timeout
+                while self.paused and time.monotonic() < deadline:
+                    await asyncio.sleep(PAUSE_WAIT_POLL_S)
+            finally:
+                self.waiting -= 1
+            if self.paused:
+                return self._error(503, "The engine is paused (double: timed out waiting for "
+                                        "/resume).", "ServiceUnavailableError")
+
+        local, external = self._prefill(ids, max_tokens)
+        usage: dict[str, Any] = {
+            "prompt_tokens": n,
+            "total_tokens": n + max_tokens,
+            "completion_tokens": max_tokens,
+            "prompt_tokens_details": ({"cached_tokens": local + external}
+                                      if self.prompt_tokens_details else None),
+        }
+        return web.json_response({
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "text": " ".join(f"w{i}" for i in range(max_tokens)),
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }],
+            "usage": usage,
+            "system_fingerprint": None,
+            "service_tier": None,
+            "kv_transfer_params": None,
+        })
+
+    # -- handlers: dev cache routes ---------------------------------------------------------------
+    async def _h_reset_prefix_cache(self, request: web.Request, call: Call) -> web.Response:
+        reset_external = False
+        if self.v >= V_RESET_PARAMS:
+            # reset_running_requests is validated and recorded; the double has no running
+            # requests to preempt. Unknown params (e.g. reset_connector=true) are ignored.
+            self._query_bool(call, "reset_running_requests", False)
+            reset_external = self._query_bool(call, "reset_external", False)
+        # before 0.13.0 every query parameter is unknown to vLLM, hence ignored.
+        if self.v >= V_RESET_JSON_BODY:
+            if self.faults.says_success_false(request.path):
+                return web.json_response({"success": False})
+            self._reset_local()
+            if reset_external:
+                self._reset_connector()
+            return web.json_response({"success": True})
+        self._reset_local()
+        if reset_external:
+            self._reset_connector()
+        return web.Response(status=200)
+
+    async def _h_reset_mm_cache(self, request: web.Request, call: Call) -> web.Response:
+        # Empty 200 in every version the double knows. Not checked for >= 0.26 (only
+        # /reset_prefix_cache is known to have gained a JSON body there).
+        return web.Response(status=200)
+
+    async def _h_reset_encoder_cache(self, request: web.Request, call: Call) -> web.Response:
+        # Same remark as /reset_mm_cache.
+        return web.Response(status=200)
+
+    async def _h_server_info(self, request: web.Request, call: Call) -> web.Response:
+        fmt = call.query.get("config_format", "text")
+        if fmt not in ("text", "json"):
+            raise _BadRequest(
+                400, "1 validation error:\n  {'type': 'literal_error', 'loc': ('query', "
+                     f"'config_format'), 'msg': \"Input should be 'text' or 'json'\", "
+                     f"'input': '{fmt}'}}", "Bad Request", "query.config_format")
+        config = self.vllm_config()
+        if fmt == "text":
+            return web.json_response({"vllm_config": _config_text(config)})
+        return web.json_response({
+            "vllm_config": config,
+            "vllm_env": {"VLLM_SERVER_DEV_MODE": self.dev_mode},
+        })
+
+    def vllm_config(self) -> dict[str, Any]:
+        """The (trimmed) ``VllmConfig`` as ``/server_info?config_format=json`` reports it."""
+        return {
+            "model_config": {
+                "model": self.model, "served_model_name": self.model,
+                "tokenizer": self.model, "max_model_len": self.max_model_len,
+                "dtype": "float32", "seed": 0,
+            },
+            "cache_config": self._cache_config(),
+            "parallel_config": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+                                "data_parallel_size": 1},
+            "scheduler_config": {"max_num_seqs": 4, "max_model_len": self.max_model_len},
+            "kv_transfer_config": self.kv_transfer_config,
+            "kv_events_config": None,
+        }
+
+    def _cache_config(self) -> dict[str, Any]:
+        return {
+            "block_size": self.block_size,
+            "gpu_memory_utilization": 0.9,
+            "swap_space": 4,
+            "cache_dtype": "auto",
+            "is_attention_free": False,
+            "num_gpu_blocks_override": None,
+            "sliding_window": None,
+            "enable_prefix_caching": True,
+            "prefix_caching_hash_algo": "sha256",
+            "cpu_offload_gb": 0,
+            "calculate_kv_scales": False,
+            "num_gpu_blocks": 4096,
+            "num_cpu_blocks": 0,
+        }
+
+    # -- handlers: pause --------------------------------------------------------------------------
+    async def _h_pause(self, request: web.Request, call: Call) -> web.Response:
+        clear_cache = True
+        if self.v >= V_PAUSE_DEV_GATED:
+            mode = call.query.get("mode", "abort")
+            if mode not in PAUSE_MODES:
+                raise _BadRequest(
+                    400, "1 validation error:\n  {'type': 'literal_error', 'loc': ('query', "
+                         "'mode'), 'msg': \"Input should be 'abort', 'wait' or 'keep'\", "
+                         f"'input': '{mode}'}}", "Bad Request", "query.mode")
+            if self._query_bool(call, "wait_for_inflight_requests", False):  # deprecated alias
+                mode = "wait"
+            clear_cache = self._query_bool(call, "clear_cache", True)
+        else:   # 0.12-0.15 (0.12 assumed to take the 0.13 parameters)
+            wait = self._query_bool(call, "wait_for_inflight_requests", False)
+            mode = "wait" if wait else "abort"
+            clear_cache = self._query_bool(call, "clear_cache", True)
+        self.paused = True
+        self.pause_mode = mode
+        if clear_cache and mode != "keep":
+            self._reset_local()
+            if self.v >= V_PAUSE_CLEAR_RESETS_CONNECTOR:
+                self._reset_connector()
+        return web.json_response({"status": "paused"})
+
+    async def _h_resume(self, request: web.Request, call: Call) -> web.Response:
+        self.paused = False
+        self.pause_mode = None
+        return web.json_response({"status": "resumed"})
+
+    async def _h_is_paused(self, request: web.Request, call: Call) -> web.Response:
+        return web.json_response({"is_paused": self.paused})
+
+    # -- handlers: metrics ------------------------------------------------------------------------
+    async def _h_metrics(self, request: web.Request, call: Call) -> web.Response:
+        return web.Response(body=self.metrics_text().encode(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition as vLLM's prometheus_client registry renders it."""
+        v, c = self.v, self.counters
+        base = {"engine": "0", "model_name": self.model}
+        created = self.start_time
+        out: list[str] = []
+
+        def counter(name: str, doc: str, samples: list[tuple[dict[str, str], float]]) -> None:
+            out.append(f"# HELP {name}_total {doc}")
+            out.append(f"# TYPE {name}_total counter")
+            for labels, value in samples:
+                out.append(f"{name}_total{_prom_labels(labels)} {_prom_float(value)}")
+            out.append(f"# HELP {name}_created {doc}")
+            out.append(f"# TYPE {name}_created gauge")
+            for labels, _ in samples:
+                out.append(f"{name}_created{_prom_labels(labels)} {_prom_float(created)}")
+
+        def gauge(name: str, doc: str, labels: dict[str, str], value: float) -> None:
+            out.append(f"# HELP {name} {doc}")
+            out.append(f"# TYPE {name} gauge")
+            out.append(f"{name}{_prom_labels(labels)} {_prom_float(value)}")
+
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+              base, 0)
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+              base, self.waiting)
+        if v < V_GPU_PREFIX_CACHE_METRICS_GONE:
+            counter("vllm:gpu_prefix_cache_queries",
+                    "GPU prefix cache queries, in terms of number of queried tokens.",
+                    [(base, c.prefix_cache_queries)])
+            counter("vllm:gpu_prefix_cache_hits",
+                    "GPU prefix cache hits, in terms of number of cached tokens.",
+                    [(base, c.prefix_cache_hits)])
+        if v >= V_PREFIX_CACHE_METRICS:
+            counter("vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                    [(base, c.prefix_cache_queries)])
+            counter("vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                    [(base, c.prefix_cache_hits)])
+        if v >= V_EXTERNAL_PREFIX_METRICS:
+            counter("vllm:external_prefix_cache_queries",
+                    "External prefix cache queries from KV connector cross-instance cache "
+                    "sharing, in terms of number of queried tokens.",
+                    [(base, c.external_prefix_cache_queries)])
+            counter("vllm:external_prefix_cache_hits",
+                    "External prefix cache hits from KV connector cross-instance cache "
+                    "sharing, in terms of number of cached tokens.",
+                    [(base, c.external_prefix_cache_hits)])
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                [(base, c.prompt_tokens)])
+        counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                [(base, c.generation_tokens)])
+        if v >= V_PROMPT_TOKENS_CACHED_METRIC:
+            counter("vllm:prompt_tokens_cached",
+                    "Number of cached prompt tokens (local prefix cache + external KV "
+                    "transfer).", [(base, c.prompt_tokens_cached)])
+        if v >= V_PROMPT_TOKENS_BY_SOURCE:
+            counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [
+                ({**base, "source": "local_compute"}, c.prompt_tokens_local_compute),
+                ({**base, "source": "local_cache_hit"}, c.prompt_tokens_local_cache_hit),
+                ({**base, "source": "external_kv_transfer"},
+                 c.prompt_tokens_external_kv_transfer),
+            ])
+        counter("vllm:request_success", "Count of successfully processed requests.",
+                [({**base, "finished_reason": "length"}, c.requests)])
+        info = {k: str(val) for k, val in self._cache_config().items()}
+        info["engine"] = "0"
+        gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", info, 1.0)
+        return "\n".join(out) + "\n"
+
+
+def _read_kv_config(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...], str, str | None]:
+    connector = cfg.get("kv_connector")
+    role = cfg.get("kv_role") or "kv_both"
+    extra = cfg.get("kv_connector_extra_config") or {}
+    children: tuple[str, ...] = ()
+    prefix = extra.get("cache_prefix")
+    if connector == "MultiConnector":
+        child_cfgs = extra.get("connectors") or []
+        children = tuple(c.get("kv_connector") for c in child_cfgs)
+        for child in child_cfgs:
+            child_prefix = (child.get("kv_connector_extra_config") or {}).get("cache_prefix")
+            if child_prefix is not None:
+                prefix = child_prefix
+    return connector, children, role, prefix
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    model = config["model_config"]
+    cache = config["cache_config"]
+    kv = config["kv_transfer_config"]
+    kv_text = "None" if kv is None else "KVTransferConfig(" + ", ".join(
+        f"{k}={v!r}" for k, v in kv.items()) + ")"
+    return (f"model={model['model']!r}, tokenizer={model['tokenizer']!r}, "
+            f"max_seq_len={model['max_model_len']}, dtype={model['dtype']}, "
+            f"enable_prefix_caching={cache['enable_prefix_caching']}, "
+            f"block_size={cache['block_size']}, kv_transfer_config={kv_text}")

@@ -1,0 +1,5 @@
+"""Helpers shared by tests (no tests here)."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,162 @@
+"""Rendering every built-in template, fitted to each vLLM version."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvctl.config import templates
+from kvctl.config.render import render, write_bundle
+from kvctl.errors import UsageError
+from kvctl.facts.capabilities import table
+from kvctl.facts.versions import parse_version
+from kvctl.validate import validate_kv_transfer_config, validate_mooncake_config
+
+VERSIONS = ["0.13.0", "0.16.0", "0.21.0", "0.23.0", "0.32.0", "0.33.0"]
+ROLE = {"mooncake-pd": {"role": "producer"}, "mooncake-pd-store": {"role": "consumer"}}
+# The first version each template can render for, and why not before.
+FIRST = {
+    "mooncake-store": ("0.21.0", "MooncakeStoreConnector, which vLLM {v} does not have; it first appears in vLLM 0.21.0"),
+    "mooncake-pd-store": ("0.21.0", "MooncakeStoreConnector, which vLLM {v} does not have; it first appears in vLLM 0.21.0"),
+    "mooncake-store-standalone": ("0.22.0", "{standalone}"),
+    "mooncake-pd": ("0.13.0", ""),
+    "lmcache-mooncake": ("0.13.0", ""),
+}
+REMOVED_IN_032 = {"kv_buffer_size", "kv_rank", "kv_parallel_size", "kv_ip"}
+
+
+def _configs(ktc: dict) -> list[dict]:
+    children = (ktc.get("kv_connector_extra_config") or {}).get("connectors") or []
+    return [ktc] + [c for child in children for c in _configs(child)]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", sorted(FIRST))
+def test_every_template_for_every_version(name: str, version: str, tmp_path: Path) -> None:
+    template = templates.load(name)
+    first, why = FIRST[name]
+    v = parse_version(version)
+    if v < parse_version(first):
+        with pytest.raises(UsageError) as info:
+            render(template, ROLE.get(name, {}), v)
+        standalone = ("MooncakeStoreConnector, which vLLM {v} does not have" if v < parse_version("0.21.0")
+                      else "is for vLLM >=0.22.0; {v} is outside that range")
+        assert why.replace("{standalone}", standalone).format(v=version) in str(info.value)
+        return
+    bundle = render(template, ROLE.get(name, {}), v, base_dir=tmp_path)
+    accepted = set(table().fields_in(v))
+    for cfg in _configs(bundle.kv_transfer_config):
+        assert set(cfg) <= accepted
+        assert cfg["kv_role"] in {"kv_producer", "kv_consumer", "kv_both"}
+        if v >= parse_version("0.32.0"):
+            assert not set(cfg) & REMOVED_IN_032
+    assert [p for p in validate_kv_transfer_config(bundle.kv_transfer_config, v) if p.severity == "error"] == []
+    if bundle.mooncake is not None:
+        assert [p for p in validate_mooncake_config(bundle.mooncake, v) if p.severity == "error"] == []
+        assert Path(bundle.env["MOONCAKE_CONFIG_PATH"]) == tmp_path / "mooncake.json"
+    assert bundle.env["PYTHONHASHSEED"] == "0" and bundle.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_mooncake_store_exact_output(tmp_path: Path) -> None:
+    bundle = render(templates.load("mooncake-store"), {"master": "10.0.0.5:50051", "cache_prefix": "rl-a"},
+                    parse_version("0.32.0+cpu"), base_dir=tmp_path)
+    assert bundle.kv_transfer_config == {
+        "kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cache_prefix": "rl-a"},
+    }
+    assert bundle.mooncake == {
+        "metadata_server": "P2PHANDSHAKE", "master_server_address": "10.0.0.5:50051", "protocol": "tcp",
+        "device_name": "", "mode": "embedded", "global_segment_size": "256MB", "local_buffer_size": "128MB",
+    }
+    assert json.loads(bundle.as_format("json")) == bundle.kv_transfer_config
+    assert json.loads(bundle.as_format("mooncake")) == bundle.mooncake
+
+
+def test_fitting_drops_mode_before_022_and_notes_it() -> None:
+    bundle = render(templates.load("mooncake-store"), {}, parse_version("0.21.0"))
+    assert "mode" not in bundle.mooncake
+    assert any("left out mode" in n for n in bundle.notes)
+    assert render(templates.load("mooncake-store"), {}, parse_version("0.22.0")).mooncake["mode"] == "embedded"
+
+
+def test_fitting_notes_cuda_default_before_018() -> None:
+    bundle = render(templates.load("mooncake-pd"), {"role": "producer"}, parse_version("0.17.0"))
+    assert any("kv_buffer_device=cpu" in n for n in bundle.notes)
+    cpu = render(templates.load("mooncake-pd"), {"role": "producer", "kv_buffer_device": "cpu"}, parse_version("0.17.0"))
+    assert cpu.kv_transfer_config["kv_buffer_device"] == "cpu"
+    assert not any("kv_buffer_device" in n for n in cpu.notes)
+
+
+def test_fitting_drops_removed_fields_from_user_templates(tmp_path: Path) -> None:
+    (tmp_path / "legacy.yaml").write_text(
+        "name: legacy\ndescription: d\nkv_transfer_config:\n  kv_connector: MooncakeStoreConnector\n"
+        "  kv_role: kv_both\n  kv_ip: 127.0.0.1\n  kv_buffer_size: 1000000000\n")
+    template = templates.load("legacy", template_path=str(tmp_path))
+    old = render(template, {}, parse_version("0.31.0"))
+    assert old.kv_transfer_config["kv_ip"] == "127.0.0.1"
+    new = render(template, {}, parse_version("0.32.0"))
+    assert "kv_ip" not in new.kv_transfer_config and "kv_buffer_size" not in new.kv_transfer_config
+    assert any("left out kv_ip" in n for n in new.notes)
+
+
+def test_tenant_id_needs_028() -> None:
+    with pytest.raises(UsageError, match="tenant_id needs vLLM >= 0.28.0"):
+        render(templates.load("mooncake-store"), {"tenant_id": "a"}, parse_version("0.27.0"))
+    assert render(templates.load("mooncake-store"), {"tenant_id": "a"}, parse_version("0.28.0")).mooncake["tenant_id"] == "a"
+
+
+def test_role_is_required_for_pd() -> None:
+    with pytest.raises(UsageError, match="parameter 'role' is unset"):
+        render(templates.load("mooncake-pd"), {}, parse_version("0.23.0"))
+    both = render(templates.load("mooncake-pd-store"), {"role": "producer"}, parse_version("0.23.0"))
+    children = both.kv_transfer_config["kv_connector_extra_config"]["connectors"]
+    assert both.kv_transfer_config["kv_role"] == "kv_producer"
+    assert [(c["kv_connector"], c["kv_role"]) for c in children] == [
+        ("MooncakeConnector", "kv_producer"), ("MooncakeStoreConnector", "kv_both")]
+
+
+def test_older_than_supported() -> None:
+    with pytest.raises(UsageError, match="older than 0.13.0, the oldest release kvctl supports"):
+        render(templates.load("mooncake-pd"), {"role": "producer"}, parse_version("0.12.0"))
+
+
+def test_formats(tmp_path: Path) -> None:
+    bundle = render(templates.load("mooncake-store"), {"cache_prefix": "it's"}, parse_version("0.23.0"),
+                    base_dir=tmp_path)
+    args = shlex.split(bundle.as_format("vllm-args"))
+    assert args[0] == "--kv-transfer-config" and json.loads(args[1]) == bundle.kv_transfer_config
+    verl = yaml.safe_load(bundle.as_format("verl"))
+    assert verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]["kv_transfer_config"] == bundle.kv_transfer_config
+    env = dict(line.removeprefix("export ").split("=", 1) for line in shlex.split(bundle.as_format("env"), posix=True)
+               if "=" in line)
+    assert env["MOONCAKE_CONFIG_PATH"] == str(tmp_path / "mooncake.json")
+    pd = render(templates.load("mooncake-pd"), {"role": "consumer"}, parse_version("0.23.0"))
+    with pytest.raises(UsageError, match="has no Mooncake store config"):
+        pd.as_format("mooncake")
+
+
+def test_write_bundle_new_and_existing_dir(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    bundle = render(templates.load("mooncake-store"), {}, parse_version("0.23.0"), bundle_dir=out)
+    written = write_bundle(bundle, out)
+    assert sorted(p.name for p in written) == sorted(
+        ["kv_transfer_config.json", "verl.yaml", "vllm-args.txt", "kvctl.env", "mooncake.json", "bundle.json"])
+    assert str(out / "mooncake.json") in (out / "kvctl.env").read_text()
+    assert json.loads((out / "bundle.json").read_text())["vllm_version"] == "0.23.0"
+    # rewriting into the same folder replaces files and leaves no temporaries
+    write_bundle(bundle, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_write_bundle_refuses_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("keep me")
+    bundle = render(templates.load("mooncake-store"), {}, parse_version("0.23.0"))
+    with pytest.raises(UsageError, match="not a folder"):
+        write_bundle(bundle, target)
+    assert target.read_text() == "keep me"

@@ -1,0 +1,458 @@
+"""Hostile and careless input is refused with exit 2 and a clear message (issue 10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.lib import REPO
+
+
+def _user_template(tmp_path: Path, env_block: str) -> Path:
+    folder = tmp_path / "templates"
+    folder.mkdir(exist_ok=True)
+    (folder / "evil.yaml").write_text(
+        "name: evil\ndescription: d\nvllm: '>=0.21.0'\n"
+        "kv_transfer_config: {kv_connector: MooncakeStoreConnector, kv_role: kv_both}\n" + env_block)
+    return folder
+
+
+def test_template_env_names_cannot_carry_shell_commands(cli, tmp_path: Path) -> None:
+    folder = _user_template(tmp_path, 'env: {"PYTHONHASHSEED=0; touch /tmp/kvctl-pwned; X": "1"}\n')
+    out = tmp_path / "bundle"
+    result = cli("config", "render", "evil", "--template-path", str(folder), "--vllm-version", "0.32.0",
+                 "--out", str(out))
+    assert result.exit_code == 2
+    assert "is not an environment variable name" in result.stderr and "touch" in result.stderr
+    assert not out.exists() and not Path("/tmp/kvctl-pwned").exists()
+
+
+def test_a_plain_env_name_still_renders(cli, tmp_path: Path) -> None:
+    folder = _user_template(tmp_path, "env: {MY_VAR_2: '1'}\n")
+    result = cli("config", "render", "evil", "--template-path", str(folder), "--vllm-version", "0.32.0",
+                 "--format", "env")
+    assert result.exit_code == 0, result.stderr
+    assert "MY_VAR_2=1" in result.stdout
+
+
+@pytest.mark.parametrize("seed", ["-5", "4294967296"])
+def test_a_hash_seed_python_refuses_is_refused_at_render(cli, seed: str) -> None:
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set", f"hash_seed={seed}")
+    assert result.exit_code == 2
+    assert "PYTHONHASHSEED" in result.stderr and "0 to 4294967295" in result.stderr
+
+
+@pytest.mark.parametrize("size", ["999999999999999999999999999GB", "2048TB", "\u0663\u0662MB", "2000000GB"])
+def test_absurd_or_non_ascii_sizes_are_refused(cli, size: str) -> None:
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0",
+                 "--set", f"global_segment_size={size}")
+    assert result.exit_code == 2, result.stdout
+    assert "global_segment_size" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["\u0663", "9" * 4400])  # an Arabic-Indic 3; more digits than int() takes
+def test_non_ascii_or_endless_digits_are_not_an_int(cli, value: str) -> None:
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set", f"hash_seed={value}")
+    assert result.exit_code == 2
+    assert "hash_seed expects int" in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--url", "http://alice:s3cret-pw@127.0.0.1:8000"],
+    ["--url", "http://127.0.0.1:8000", "--master", "http://bob:s3cret-pw@127.0.0.1:9003"],
+])
+def test_credentials_in_urls_are_refused_and_never_printed(cli, args: list[str]) -> None:
+    result = cli("reset", *args, "--connector", "--dry-run", "--json")
+    assert result.exit_code == 2
+    assert "carries credentials" in result.stderr and "***@127.0.0.1" in result.stderr
+    assert "s3cret-pw" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--url", "http://[::1"], "is not a URL"),
+    (["--url", "http://127.0.0.1:8000", "--master", "ftp://127.0.0.1:9003"], "not an http address"),
+    (["--url", "http://127.0.0.1:8000", "--master", "::1:9003"], "is not HOST:PORT"),
+])
+def test_unusable_addresses_are_usage_errors_not_internal_errors(cli, args: list[str], message: str) -> None:
+    result = cli("reset", *args, "--dry-run")
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["--", "--host", "0.0.0.0"], "--host"),
+    (["--", "--dtype", "float32", "--host=0.0.0.0"], "--host"),
+    (["--", "--port", "8000"], "--port"),
+    (["--", "--kv-transfer-config", "{}"], "--kv-transfer-config"),
+])
+def test_serve_flags_after_dashdash_cannot_override_kvctls(cli, tmp_path: Path, extra: list[str], flag: str) -> None:
+    state = tmp_path / "state"
+    result = cli("serve", str(tmp_path), "--state-dir", str(state), "--name", "x", *extra)
+    assert result.exit_code == 2
+    assert f"{flag} after -- would override what kvctl serve sets" in result.stderr
+    assert not (state / "runs" / "x").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("host", ["127.evil.example", "127.0.0.1.nip.example"])
+def test_a_name_that_only_looks_like_loopback_is_not_loopback(cli, tmp_path: Path, host: str) -> None:
+    result = cli("serve", str(tmp_path), "--host", host, "--state-dir", str(tmp_path / "state"))
+    assert result.exit_code == 2
+    assert "--allow-remote-admin" in result.stderr
+
+
+def test_text_that_looks_like_markup_is_printed_not_parsed(cli, tmp_path: Path) -> None:
+    result = cli("config", "render", "foo[/]")
+    assert result.exit_code == 2 and "foo[/]" in result.stderr and "internal error" not in result.stderr
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "m.yaml").write_text(
+        "name: m\ndescription: 'a [/] b [bold]c'\nvllm: '>=0.21.0'\n"
+        "parameters: {p: {type: str, default: '[/x]', help: 'h [/]'}}\n"
+        "kv_transfer_config: {kv_connector: MooncakeStoreConnector, kv_role: kv_both}\n"
+        "notes: ['n [/]']\n")
+    for args in (["config", "list"], ["config", "show", "m"]):
+        shown = cli(*args, "--template-path", str(folder))
+        assert shown.exit_code == 0, shown.stderr
+        assert "a [/] b [bold]c" in shown.stdout
+
+
+def test_a_server_version_that_looks_like_markup_is_printed(cli) -> None:
+    from tests.doubles import DoubleFleet, VllmDouble
+
+    with DoubleFleet() as fleet:
+        url = fleet.add(VllmDouble("0.32.0"))
+        fleet.replicas[0].version = "[/oops]"  # what a broken or hostile server could say
+        result = cli("reset", "--url", url, "--dry-run")
+    assert "internal error" not in result.stderr and "MarkupError" not in result.stderr
+
+
+def test_verify_never_passes_when_the_canarys_signal_goes_missing() -> None:
+    """A canary proved by cached_tokens before the reset, whose answers after it carry
+    prompt_tokens_details: null: hits on the counters fail it, no hits leave it inconclusive."""
+    import asyncio
+
+    import httpx
+
+    from kvctl.reset.plan import ResetOptions
+    from kvctl.reset.verify import Canary as _Canary
+    from kvctl.transport.vllm_client import VllmClient
+    from tests.doubles import DoubleFleet, VllmDouble
+
+    async def scenario(url: str, double: VllmDouble) -> tuple:
+        async with VllmClient(url) as client:
+            canary = await _Canary.prime(client, ResetOptions(verify=True))
+            assert canary.signal == "cached_tokens" and canary.primed and canary.error is None
+            double.prompt_tokens_details = False  # the server stops reporting the per-request signal
+            stale = await canary.check(client)  # nothing was reset: the counters show the hit
+            httpx.post(f"{url}/reset_prefix_cache", trust_env=False).raise_for_status()
+            clean = await canary.check(client)  # reset for real: no hit, but no proof either
+            return stale, clean
+
+    with DoubleFleet() as fleet:
+        double = VllmDouble("0.32.0")
+        url = fleet.add(double)
+        stale, clean = asyncio.run(scenario(url, double))
+    assert stale.ok is False and "counters show" in stale.error and "stale KV survives" in stale.error
+    assert clean.ok is False and clean.error.startswith("inconclusive") and "not verified" in clean.error
+
+
+def test_the_readmes_deploy_recipe_works_in_a_real_shell(cli, tmp_path: Path) -> None:
+    """The README's `--out` recipe, run by /bin/sh with a stand-in `vllm` that prints its argv:
+    vLLM must get `--kv-transfer-config` followed by the JSON itself (no leftover quotes)."""
+    import json
+    import re
+    import subprocess
+
+    readme = (REPO / "README.md").read_text()
+    recipe = re.search(r"^\$ ((?:source|\.) deploy/kvctl\.env && vllm serve MODEL .*)$", readme, re.M)
+    assert recipe, "the README lost its deploy recipe"
+    out = tmp_path / "deploy"
+    assert cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--out", str(out)).exit_code == 0
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "vllm").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\0" "$a"; done\n')
+    (bindir / "vllm").chmod(0o755)
+    shell = subprocess.run(["/bin/sh", "-c", recipe.group(1)], cwd=tmp_path, capture_output=True, text=True,
+                           env={"PATH": f"{bindir}:/usr/bin:/bin"})
+    assert shell.returncode == 0, shell.stderr
+    argv = shell.stdout.split("\0")
+    assert argv[:3] == ["serve", "MODEL", "--kv-transfer-config"]
+    assert json.loads(argv[3]) == json.loads((out / "kv_transfer_config.json").read_text())
+
+
+def test_stop_kills_what_a_dead_replica_left_in_its_session(tmp_path: Path) -> None:
+    """The replica's main process died (e.g. OOM-killed) but its child lives on (as vLLM's engine
+    core would): kvctl stop finds it by the session kvctl started, and stops it."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from kvctl.serve import procs
+
+    script = tmp_path / "replica.sh"
+    script.write_text("#!/bin/sh\nsleep 300 &\necho $! > child.pid\nwait\n")
+    script.chmod(0o755)
+    proc, ref = procs.spawn([str(script)], dict(os.environ), tmp_path / "r.log", "replica r0", cwd=tmp_path)
+    pid_file = tmp_path / "child.pid"
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(ref.pid, signal.SIGKILL)  # the main process dies; its child does not
+    proc.wait(5)
+    assert psutil.pid_exists(child)
+    assert procs.stop(ref, grace=2) in ("stopped", "killed")
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the orphaned child of the dead replica is still running"
+        time.sleep(0.05)
+    assert procs.stop(ref) == "not running"  # idempotent
+
+
+BOMB = ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+        "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n")
+
+
+def _quick(cli, *args: str):  # noqa: ANN202
+    import time
+
+    began = time.monotonic()
+    result = cli(*args)
+    assert time.monotonic() - began < 2.0, "a hostile file must be refused in well under a second"
+    return result
+
+
+def test_an_alias_bomb_in_a_config_is_refused_fast(cli, tmp_path: Path) -> None:
+    config = tmp_path / "ktc.yaml"
+    config.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\nkv_connector_extra_config:\n"
+                      + "".join("  " + line + "\n" for line in BOMB.splitlines()))
+    result = _quick(cli, "config", "validate", str(config), "--vllm-version", "0.32.0")
+    assert result.exit_code == 2 and "alias" in result.stderr and "no problems found" not in result.stdout
+
+
+def test_an_alias_bomb_in_a_user_template_is_refused_fast(cli, tmp_path: Path) -> None:
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "bomb.yaml").write_text("name: bomb\ndescription: d\nvllm: '>=0.21.0'\n"
+                                      "kv_transfer_config: {kv_connector: MooncakeStoreConnector, kv_role: kv_both}\n"
+                                      + BOMB)
+    result = _quick(cli, "config", "list", "--template-path", str(folder))
+    assert result.exit_code == 2 and "alias" in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_deep_nesting_is_a_usage_error_not_a_recursion_error(cli, tmp_path: Path, suffix: str) -> None:
+    deep = tmp_path / f"deep{suffix}"
+    deep.write_text("[" * 3000 + "]" * 3000)
+    result = _quick(cli, "config", "validate", str(deep), "--vllm-version", "0.32.0")
+    assert result.exit_code == 2 and "internal error" not in result.stderr and "RecursionError" not in result.stderr
+
+
+def test_a_huge_file_is_refused_before_it_is_parsed(cli, tmp_path: Path) -> None:
+    from kvctl import yamlio
+
+    big = tmp_path / "big.yaml"
+    big.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\n" + "# padding\n" * (yamlio.MAX_BYTES // 10))
+    result = _quick(cli, "config", "validate", str(big), "--vllm-version", "0.32.0")
+    assert result.exit_code == 2 and "more than kvctl reads" in result.stderr
+
+
+def _render_out(cli, out: str):  # noqa: ANN202
+    return cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--out", out)
+
+
+def test_out_into_a_folder_with_a_directory_where_a_file_belongs_writes_nothing(cli, tmp_path: Path) -> None:
+    out = tmp_path / "deploy"
+    assert _render_out(cli, str(out)).exit_code == 0
+    before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    (out / "mooncake.json").unlink()
+    (out / "mooncake.json").mkdir()  # a folder where a file belongs
+    result = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set", "hash_seed=7",
+                 "--out", str(out))
+    assert result.exit_code == 2 and "are not files; nothing was written" in result.stderr
+    after = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    assert after == {k: v for k, v in before.items() if k != "mooncake.json"}  # all old, none new
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging files left
+
+
+def test_out_edge_cases(cli, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    empty = _render_out(cli, "")
+    assert empty.exit_code == 2 and "empty folder name" in empty.stderr
+    out = tmp_path / "deploy"
+    assert _render_out(cli, str(out)).exit_code == 0
+    assert _render_out(cli, str(out)).exit_code == 0  # replaced in place
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert all(mode & 0o044 for mode in modes.values()), modes  # not 0600 after a replace
+    assert stat.S_IMODE(out.stat().st_mode) & 0o055
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        result = _render_out(cli, str(locked))
+        assert result.exit_code == 2 and "cannot write there" in result.stderr
+
+
+def _names(receipt) -> dict:  # noqa: ANN001
+    return {r.name: r for r in receipt.replicas}
+
+
+def test_a_stuck_pause_does_not_keep_the_fleet_paused(tmp_path: Path) -> None:
+    """Two replicas, one whose /pause never answers: the healthy one is resumed within about two
+    pause timeouts, nothing is reset anywhere, and the stuck one is named with how to resume it."""
+    import time
+
+    import kvctl
+    from tests.doubles import DoubleFleet, Faults, VllmDouble
+
+    healthy, stuck = VllmDouble("0.32.0", name="ok"), VllmDouble("0.32.0", name="stuck",
+                                                                  faults=Faults(delay={"/pause": 60}))
+    with DoubleFleet() as fleet:
+        a, b = fleet.add(healthy), fleet.add(stuck)
+        began = time.monotonic()
+        receipt = kvctl.hard_reset(urls=[a, b], connector=True, pause_timeout=1, timeout=1)
+        took = time.monotonic() - began
+        paused_at = healthy.calls_to("/pause")[0]
+        resumed_at = healthy.calls_to("/resume")[0]
+    assert took < 15, f"the reset took {took:.0f} s"
+    assert resumed_at.t - paused_at.t < 8  # resumed as soon as the other pause failed (2 tries x 1 s)
+    assert healthy.calls_to("/reset_prefix_cache") == [] and not healthy.paused
+    assert len(stuck.calls_to("/pause")) == 2  # tried at most twice
+    assert receipt.exit_code != 0 and set(receipt.not_reset) == {r.name for r in receipt.replicas}
+    by = _names(receipt)
+    stuck_r = next(r for r in by.values() if r.url == b)
+    assert "pause" in stuck_r.error and f"curl -X POST {b}/resume" in stuck_r.error
+    ok_r = next(r for r in by.values() if r.url == a)
+    assert "the pause failed on" in ok_r.error and "resumed at once" in ok_r.error
+
+
+def test_a_pause_that_lands_late_is_undone(tmp_path: Path) -> None:
+    """The /pause answers after kvctl gave up, and takes effect then (uvicorn does not cancel it):
+    kvctl watches /is_paused after resuming and resumes again."""
+    import kvctl
+    from tests.doubles import DoubleFleet, Faults, VllmDouble
+
+    late = VllmDouble("0.32.0", faults=Faults(delay={"/pause": 1.6}))
+    with DoubleFleet() as fleet:
+        url = fleet.add(late)
+        receipt = kvctl.hard_reset(urls=[url], connector=True, pause_timeout=1, timeout=1)
+        import time
+        time.sleep(1.0)  # any pause still in flight would land by now
+        assert late.paused is False
+    assert receipt.exit_code != 0
+    assert "may be left paused" in receipt.replicas[0].error  # said, since a timed-out pause can land later
+
+
+def test_a_replica_its_owner_paused_stays_paused() -> None:
+    import kvctl
+    from tests.doubles import DoubleFleet, VllmDouble
+
+    owned = VllmDouble("0.32.0")
+    owned.paused = True  # paused by whoever runs it, before the reset
+    with DoubleFleet() as fleet:
+        url = fleet.add(owned)
+        receipt = kvctl.hard_reset(urls=[url], connector=True)
+        assert owned.paused is True
+        assert owned.calls_to("/resume") == [] and owned.calls_to("/pause") == []
+    pause = next(o for o in receipt.replicas[0].ops if o.op == "pause")
+    assert pause.result == "skipped" and "already paused by its owner" in (pause.detail or "")
+    assert receipt.replicas[0].reset is True
+
+
+@pytest.mark.parametrize("flag,value", [("--timeout", "nan"), ("--pause-timeout", "nan"), ("--pause-timeout", "0")])
+def test_timeouts_that_are_not_positive_numbers_are_refused(cli, flag: str, value: str) -> None:
+    result = cli("reset", "--url", "http://127.0.0.1:9", flag, value, "--dry-run")
+    assert result.exit_code == 2 and "must be > 0" in result.stderr
+
+
+def test_a_binary_inventory_is_a_usage_error(cli, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_bytes(b"\xff\xfe\x00\x01binary\x80\x81")
+    result = cli("reset", "--inventory", str(inv), "--dry-run")
+    assert result.exit_code == 2 and "not a text file" in result.stderr
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/?x=1", "http://127.0.0.1:8000#f"])
+def test_urls_with_a_path_or_query_are_refused_not_mangled(cli, url: str) -> None:
+    result = cli("reset", "--url", url, "--dry-run")
+    assert result.exit_code == 2 and "has a path or query" in result.stderr and "http://127.0.0.1:8000" in result.stderr
+
+
+def test_a_bad_tensor_parallel_size_is_refused_before_anything_starts(cli, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    result = cli("serve", str(tmp_path), "--state-dir", str(state), "--name", "tp", "--",
+                 "--tensor-parallel-size", "abc")
+    assert result.exit_code == 2 and "not a whole number" in result.stderr
+    assert not (state / "runs" / "tp").exists()
+
+
+def test_a_run_name_with_a_trailing_newline_is_refused(cli, tmp_path: Path) -> None:
+    result = cli("serve", str(tmp_path), "--state-dir", str(tmp_path / "state"), "--name", "rl\n")
+    assert result.exit_code == 2 and "is not usable" in result.stderr
+    assert not (tmp_path / "state" / "runs").exists() or list((tmp_path / "state" / "runs").iterdir()) == []
+
+
+def test_relative_paths_work_with_serve(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from kvctl.serve import runs
+    from tests.unit.serve.test_serve import fake_python, require_mooncake
+
+    require_mooncake()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    result = cli("serve", "model", "--vllm-python", str(fake_python(tmp_path)), "--state-dir", "./state",
+                 "--name", "rel", "--detach", "--health-timeout", "60")
+    assert result.exit_code == 0, result.stderr
+    record = runs.load("rel", tmp_path / "state")
+    try:
+        assert Path(record.dir).is_absolute() and record.model == str(tmp_path / "model")
+        launch = json.loads((Path(record.dir) / "replicas" / "r0" / "tmp" / "launch.json").read_text())
+        assert launch["argv"][launch["argv"].index("--model") + 1] == str(tmp_path / "model")
+    finally:
+        assert cli("stop", "--run", "rel", "--state-dir", "./state").exit_code == 0
+
+
+def test_a_version_beyond_the_newest_known_gets_a_caveat(cli) -> None:
+    result = cli("compat", "check", "--vllm-version", "99.0.0", "--template", "mooncake-store", "--json")
+    import json
+
+    caveats = json.loads(result.stdout)["caveats"]
+    assert any("newer than" in c and "assumes" in c for c in caveats)
+
+
+def test_an_empty_vllm_version_is_an_error_everywhere(cli) -> None:
+    for args in (["config", "render", "mooncake-store"], ["compat", "check", "--template", "mooncake-store"]):
+        result = cli(*args, "--vllm-version", "")
+        assert result.exit_code == 2, (args, result.stdout)
+
+
+def test_a_yaml_integer_of_thousands_of_digits_is_a_usage_error(cli, tmp_path: Path) -> None:
+    config = tmp_path / "ktc.yaml"
+    config.write_text("kv_connector: MooncakeStoreConnector\nkv_role: kv_both\nkv_rank: " + "9" * 5000 + "\n")
+    result = cli("config", "validate", str(config), "--vllm-version", "0.13.0")
+    assert result.exit_code == 2 and "internal error" not in result.stderr
+
+
+def test_serve_prints_a_vllm_python_path_that_looks_like_markup(cli, tmp_path: Path) -> None:
+    from tests.unit.serve.test_serve import fake_python, require_mooncake
+
+    require_mooncake()
+    odd = tmp_path / "env[red]x"
+    odd.mkdir()
+    python = fake_python(odd)
+    (tmp_path / "model").mkdir()
+    result = cli("serve", str(tmp_path / "model"), "--vllm-python", str(python), "--state-dir",
+                 str(tmp_path / "state"), "--name", "odd", "--detach", "--health-timeout", "60")
+    try:
+        assert result.exit_code == 0, result.stderr
+        assert "env[red]x" in result.stderr  # printed as is, not read as a style
+    finally:
+        cli("stop", "--run", "odd", "--state-dir", str(tmp_path / "state"))

@@ -23,7 +23,7 @@ SEED = 0
 
 def main() -> int:
     out = Path(sys.argv[1]).absolute()
-    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "kvctl" / "tiny_model.py")
+    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "tools" / "tiny_model.py")
     assert spec is not None and spec.loader is not None
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)

@@ -99,8 +99,10 @@ export DEBIAN_FRONTEND=noninteractive
 # apt's and dpkg's chatter goes to a log, shown only when they fail.
 apt_log=$(mktemp "${TMPDIR:-/tmp}/kvctl-system-deps.XXXXXX")
 trap 'rm -f "$apt_log"' EXIT
-if ! ${sudo[@]+"${sudo[@]}"} apt-get update -q >"$apt_log" 2>&1 ||
-    ! ${sudo[@]+"${sudo[@]}"} apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$apt_log" 2>&1; then
+# Another apt (unattended-upgrades, a second make) may hold dpkg's lock: wait for it rather than fail.
+apt=(${sudo[@]+"${sudo[@]}"} apt-get -o DPkg::Lock::Timeout=300)
+if ! "${apt[@]}" update -q >"$apt_log" 2>&1 ||
+    ! "${apt[@]}" install -y -q --no-install-recommends "${missing[@]}" >>"$apt_log" 2>&1; then
     cat "$apt_log" >&2
     log "apt-get failed (above); install them by hand, then rerun make $target:"
     echo "${sudo[*]:+sudo }$cmdline" >&2

@@ -31,11 +31,13 @@ from urllib.parse import urlparse
 
 from kvctl import yamlio
 from kvctl.errors import UsageError
+from kvctl.facts.cache_prefix import check_cache_prefix
 
 if TYPE_CHECKING:
     from kvctl.serve.runs import RunRecord
 
 URLS_ENV = "KVCTL_URLS"
+RUN_FILE_HINT = "run.json in its run folder"
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
         recorded = record.master
         inv_master = (recorded.admin_address,) if recorded and recorded.admin_address else ()
         inv_rpc = (recorded.rpc_address,) if recorded and recorded.rpc_address else ()
-        cache_prefix = record.cache_prefix
+        cache_prefix = check_cache_prefix(record.cache_prefix, f"run {record.name}'s record ({RUN_FILE_HINT})")
         sources.append(f"--run {record.name}")
     if inventory is not None:
         inv = load_inventory(inventory)
@@ -334,4 +336,5 @@ def load_inventory(path: Path) -> Fleet:
         replicas.append(Replica(url, r.name or default_name(url), r.api_key_env, r.connector))
     masters = normalize_masters(inv.master, f"--inventory {path}: master") if inv.master else ()
     rpcs = normalize_masters(inv.master_rpc, f"--inventory {path}: master_rpc", "rpc") if inv.master_rpc else ()
-    return _with_masters(Fleet(replicas, (), inv.cache_prefix), masters, rpcs, f"--inventory {path}: master_rpc")
+    prefix = check_cache_prefix(inv.cache_prefix, f"--inventory {path}")
+    return _with_masters(Fleet(replicas, (), prefix), masters, rpcs, f"--inventory {path}: master_rpc")

@@ -22,6 +22,7 @@ from kvctl._version import __version__
 from kvctl.config.templates import Template, fill
 from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.bundle_layout import BUNDLE_FILES, MANIFEST, VERL_PATH
+from kvctl.facts.cache_prefix import cache_prefixes_in, check_cache_prefix
 from kvctl.facts.capabilities import CapabilityTable, table
 from kvctl.facts.kv_transfer import connector_names
 from kvctl.facts.versions import release
@@ -105,6 +106,8 @@ def render(
             values[name] = str((base / Path(values[name]).expanduser()).resolve())
     check_version(template, version)
     ktc = fill(template.kv_transfer_config, values, "kv_transfer_config")
+    for where, prefix in cache_prefixes_in(ktc):  # the scope of every clear of this deployment's keys
+        check_cache_prefix(prefix, "--set cache_prefix" if "cache_prefix" in overrides else f"template {template.name}: {where}")
     mooncake = fill(template.mooncake, values, "mooncake") if template.mooncake is not None else None
     env = {k: _env_text(v) for k, v in fill(template.env, values, "env").items()}
     _check_hash_seed(env)

@@ -17,7 +17,7 @@ _FACE = {
     "Receipt": "kvctl.reset.receipt", "ReplicaReceipt": "kvctl.reset.receipt",
     "MasterReceipt": "kvctl.reset.receipt", "OpResult": "kvctl.reset.receipt", "CanaryCheck": "kvctl.reset.receipt",
     "execute_plan": "kvctl.reset.execute", "hard_reset_fleet": "kvctl.reset.execute",
-    "key_prefix": "kvctl.reset.master",
+    "key_prefix": "kvctl.facts.cache_prefix",
     "ProbeOptions": "kvctl.reset.probe", "ProbeReport": "kvctl.reset.probe", "probe_fleet": "kvctl.reset.probe",
 }
 

@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any
 
+from kvctl.facts.cache_prefix import key_prefix
 from kvctl.reset.plan import Plan, ResetOptions, ha_group
 from kvctl.reset.receipt import MasterReceipt, OpResult
 from kvctl.transport.pool import HttpPool
@@ -118,9 +119,12 @@ def _split(keys: list[str], prefix: str | None) -> tuple[int, int]:
 async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None) -> tuple[int, str]:
     """One clear: (what the master says it removed, how). `rpc`: the chosen master's RPC address."""
     from kvctl.transport import store_client
-    from kvctl.transport.master_admin import NoHttpRemoveAll
+    from kvctl.transport.master_admin import MasterError, NoHttpRemoveAll
 
-    if plan.master_clear_scope == "scoped" and prefix is not None:
+    if plan.master_clear_scope == "scoped":
+        if prefix is None:  # a scoped plan never falls back to a master-wide clear
+            raise MasterError("the clear is scoped to this deployment, but it has no cache_prefix to scope by: "
+                              "nothing was cleared", "give the fleet a cache_prefix, or pass --whole-master")
         pattern = "^" + re.escape(prefix)
         removed = await _store_client_remove(rpc, pattern, plan.options.clear_timeout)
         return removed, f"remove_by_regex('{pattern}', force=True) via {rpc}"
@@ -168,11 +172,3 @@ async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: Htt
         scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"
         master.error = master.error or (f"{mine} key(s) remain on the master {scope} after the reset"
                                         + ("" if opts.pausing else " (traffic during the reset writes new ones: use --pause)"))
-
-
-def key_prefix(cache_prefix: str | None) -> str | None:
-    """Master keys of a deployment start with `<cache_prefix>@` (vLLM's MooncakeStoreConnector:
-    f"{cache_prefix}@" in store/data.py), also when the prefix itself ends with '@'."""
-    if not cache_prefix:
-        return None
-    return cache_prefix + "@"

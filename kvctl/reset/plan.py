@@ -14,6 +14,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from kvctl.facts.cache_prefix import SEPARATOR, cache_prefix_problem, cache_prefixes_in
 from kvctl.facts.capabilities import table
 from kvctl.facts.compat import cache_prefix_of, layout_of
 from kvctl.reset.leader import MasterChoice, MasterNode
@@ -172,6 +173,10 @@ async def _learn_layout(client: VllmClient, replica: Replica, version: Version, 
         try:
             config = await client.kv_transfer_config()
             served, served_prefix = layout_of(config), cache_prefix_of(config)
+            unusable = _unusable_served_prefix(config)
+            if unusable:
+                rp.error = unusable
+                return
         except ServerError as exc:
             if not replica.connector:
                 rp.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
@@ -189,6 +194,17 @@ async def _learn_layout(client: VllmClient, replica: Replica, version: Version, 
     else:
         rp.layout_source = "unknown (no /server_info before 0.13.0)"
     rp.store_cleared_by_vllm = _vllm_clears_store(version, rp.layout)
+
+
+def _unusable_served_prefix(config: Any) -> str | None:
+    """A served cache_prefix kvctl cannot count or clear by (whitespace or control characters break the
+    master's one-key-a-line listing). An empty one is no prefix (unscoped); one with '@' is still a
+    safe scope for its own keys (their clears are `^<prefix>@`), so neither stops the plan."""
+    for where, value in cache_prefixes_in(config, "/server_info kv_transfer_config"):
+        problem = cache_prefix_problem(value)
+        if problem is not None and isinstance(value, str) and value and SEPARATOR not in value:
+            return f"the server runs with {where} that kvctl cannot scope a clear by: it {problem[0]}"
+    return None
 
 
 def _vllm_clears_store(version: Version, layout: list[str] | None) -> bool | None:
@@ -259,7 +275,7 @@ def _plan_scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
     servers run; or the servers' own when all agree. A wrong prefix would clear the wrong keys."""
     stores = [r for r in planned if r.has_store and r.layout_source == "server_info"]
     served = {r.cache_prefix for r in stores}
-    if plan.cache_prefix is not None:
+    if plan.cache_prefix:
         wrong = [f"{r.name} ({r.cache_prefix or 'none'})" for r in stores if r.cache_prefix != plan.cache_prefix]
         if wrong:
             plan.error = (f"the fleet's cache_prefix is '{plan.cache_prefix}', but the servers run with "
@@ -290,7 +306,7 @@ def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
                       + ", and that store is not a Mooncake master kvctl can clear")
         plan.hint = "upgrade vLLM (see: kvctl compat check), or clear that store out of band"
         return
-    scoped = plan.cache_prefix is not None and not plan.options.whole_master
+    scoped = bool(plan.cache_prefix) and not plan.options.whole_master
     wide = [r for r in planned if r.store_cleared_by_vllm and _reset_is_master_wide(r)]
     if scoped:
         for r in wide:  # vLLM's reset would remove every deployment's keys: local caches only

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvctl.errors import KvctlError, UsageError
+from kvctl.facts.cache_prefix import check_cache_prefix
 from kvctl.serve import runs
 from kvctl.serve.vllm_launch import is_loopback, owned_flags_in, tensor_parallel_size
 
@@ -66,6 +67,8 @@ def check_spec(spec: ServeSpec) -> None:
     if not is_loopback(spec.host) and not spec.allow_remote_admin:
         raise remote_admin_refused(f"--host {spec.host}", "keep --host 127.0.0.1, or pass --allow-remote-admin "
                                                           "on a network you trust")
+    if "cache_prefix" in spec.overrides:  # the scope of every clear of this run's keys: refused before anything starts
+        check_cache_prefix(spec.overrides["cache_prefix"], "--set cache_prefix")
     if spec.master != "embedded" and ":" not in spec.master:
         raise UsageError(f"--master {spec.master}: give 'embedded' or the master's RPC address HOST:PORT")
 

@@ -11,11 +11,22 @@ from typing import Any
 
 from packaging.version import Version
 
+from kvctl.facts.cache_prefix import cache_prefix_problem
 from kvctl.facts.capabilities import table
 from kvctl.facts.versions import parse_version
 from kvctl.validate.field_types import type_error
-from kvctl.validate.model import ERROR, WARNING, Collector, Problem, closest, did_you_mean, either, find_key, join, \
-    placeholder
+from kvctl.validate.model import (
+    ERROR,
+    WARNING,
+    Collector,
+    Problem,
+    closest,
+    did_you_mean,
+    either,
+    find_key,
+    join,
+    placeholder,
+)
 from kvctl.validate.mooncake_file import MOONCAKE_KEYS
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
@@ -333,6 +344,10 @@ def _check_extra_config(cfg: Mapping[str, Any], v: Version, where: str, out: Col
                   'e.g. kv_connector_extra_config: {"cache_prefix": "team-a"}')
         return
     extra = extra or {}
+    if extra.get("cache_prefix") is not None:  # the scope of kvctl's clears (kvctl/facts/cache_prefix.py)
+        problem = cache_prefix_problem(extra["cache_prefix"])
+        if problem is not None:
+            out.error(join(path, "cache_prefix"), f"cache_prefix {problem[0]}", problem[1])
     # Children's own extra configs are searched when each child is checked.
     searched = {k: val for k, val in extra.items() if not (multi and k == "connectors")}
     for key_path, value in find_key(searched, "mooncake_config_path", path):

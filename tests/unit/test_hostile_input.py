@@ -456,3 +456,118 @@ def test_serve_prints_a_vllm_python_path_that_looks_like_markup(cli, tmp_path: P
         assert "env[red]x" in result.stderr  # printed as is, not read as a style
     finally:
         cli("stop", "--run", "odd", "--state-dir", str(tmp_path / "state"))
+
+
+# -- cache_prefix: the scope of every clear on a shared master (issue 24, findings 1, 2 and 10) -----------
+BAD_PREFIXES = [("", "is empty"), ("rl@eval", "contains '@'"), ("rl\nx", "whitespace or control"),
+                ("a b", "whitespace or control")]
+
+
+def _shared_master(doubles_fleet) -> tuple[str, object]:
+    """A master double holding another deployment's keys (and one of 'rl@eval', which a clear scoped to
+    'rl' must never take)."""
+    from tests.doubles import MasterDouble, SharedStore
+
+    store = SharedStore(["other@model@tp_rank:0@h1", "other@model@tp_rank:0@h2", "rl@eval@model@tp_rank:0@h3"])
+    return doubles_fleet.add_master(MasterDouble(store)), store
+
+
+@pytest.mark.parametrize(("prefix", "why"), BAD_PREFIXES)
+def test_an_unusable_cache_prefix_in_an_inventory_is_refused_and_clears_nothing(cli, tmp_path: Path,
+                                                                                prefix: str, why: str) -> None:
+    """Attack: `cache_prefix: ""` was planned as a scoped clear, then ran the master-wide remove_all and
+    removed another deployment's keys ("scope: scoped", exit 0); '@' in a prefix lets 'rl' take 'rl@eval''s
+    keys. Must hold: the inventory is refused (exit 2) before anything is sent; every key survives."""
+    import json
+
+    from tests.doubles import DoubleFleet, Faults, VllmDouble
+
+    with DoubleFleet() as fleet:
+        master, store = _shared_master(fleet)
+        # vLLM 0.22's store connector clears nothing itself, so kvctl clears the master; the connector
+        # comes from the inventory because /server_info fails (the audit's reproduction)
+        url = fleet.add(VllmDouble("0.22.0", faults=Faults(status={"/server_info": 500})))
+        inventory = tmp_path / "fleet.yaml"
+        inventory.write_text(f"master: {master}\nmaster_rpc: 127.0.0.1:50051\ncache_prefix: {json.dumps(prefix)}\n"
+                             f"replicas: [{{url: '{url}', connector: MooncakeStoreConnector}}]\n")
+        result = cli("reset", "--inventory", str(inventory), "--connector", "--json")
+        assert result.exit_code == 2, result.stdout
+        assert "cache_prefix" in result.stderr and why in result.stderr
+        assert len(store) == 3
+        assert not [c for c in fleet.replicas[0].calls if c.method == "POST"]
+
+
+@pytest.mark.parametrize(("prefix", "why"), BAD_PREFIXES)
+def test_an_unusable_cache_prefix_is_refused_by_render_serve_and_validate(cli, tmp_path: Path,
+                                                                           prefix: str, why: str) -> None:
+    """The same check at every entry point that makes or reads a prefix: `config render --set`,
+    `serve --set` (before anything starts: no run folder), and `config validate` of a config file."""
+    import json
+
+    rendered = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set",
+                   f"cache_prefix={prefix}", "--format", "json")
+    assert rendered.exit_code == 2 and why in rendered.stderr and rendered.stdout == ""
+    state = tmp_path / "state"
+    served = cli("serve", str(tmp_path), "--state-dir", str(state), "--name", "p", "--set", f"cache_prefix={prefix}")
+    assert served.exit_code == 2 and why in served.stderr
+    assert not (state / "runs" / "p").exists()
+    config = tmp_path / "ktc.json"
+    config.write_text(json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "connectors": [{"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+                        "kv_connector_extra_config": {"cache_prefix": prefix}}]}}))
+    checked = cli("config", "validate", str(config), "--vllm-version", "0.32.0", "--json")
+    assert checked.exit_code == 1
+    problems = json.loads(checked.stdout)["problems"] if "problems" in json.loads(checked.stdout) else \
+        [p for f in json.loads(checked.stdout).get("files", []) for p in f.get("problems", [])]
+    assert any("cache_prefix" in (p.get("path") or p.get("where") or "") and why in p["message"] for p in problems), problems
+
+
+def test_a_run_record_with_an_unusable_cache_prefix_is_refused(cli, tmp_path: Path) -> None:
+    """A run folder edited by hand (or by another tool): its record's cache_prefix is checked as an
+    inventory's is, so `reset --run` cannot turn it into a master-wide clear."""
+    from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord, runs_dir
+    from tests.doubles import DoubleFleet, VllmDouble
+
+    with DoubleFleet() as fleet:
+        master, store = _shared_master(fleet)
+        url = fleet.add(VllmDouble())
+        folder = runs_dir(tmp_path / "state") / "rl"
+        folder.mkdir(parents=True)
+        RunRecord(name="rl", dir=str(folder), state="running", created=0.0, template="mooncake-store",
+                  parameters={}, model="m", host="127.0.0.1", vllm={},
+                  master=MasterRecord(embedded=False, rpc_address="127.0.0.1:50051", admin_address=master),
+                  replicas=[ReplicaRecord(name="replica-0", url=url, port=int(url.rsplit(":", 1)[1]))],
+                  cache_prefix="").save()
+        result = cli("reset", "--run", "rl", "--state-dir", str(tmp_path / "state"), "--connector")
+        assert result.exit_code == 2, result.stdout + result.stderr
+        assert "run rl's record" in result.stderr and "is empty" in result.stderr
+        assert len(store) == 3
+
+
+def test_a_scoped_clear_never_falls_back_to_a_master_wide_remove_all() -> None:
+    """Defence in depth: whatever built the plan, a clear planned as scoped without a prefix to scope by
+    raises and removes nothing (it used to run POST /api/v1/remove_all?force=true)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kvctl.reset.master import _remove
+    from kvctl.transport.master_admin import MasterAdmin, MasterError
+    from tests.doubles import DoubleFleet
+
+    with DoubleFleet() as fleet:
+        master, store = _shared_master(fleet)
+        plan = SimpleNamespace(master_clear_scope="scoped", options=SimpleNamespace(clear_timeout=1.0))
+
+        async def clear() -> None:
+            async with MasterAdmin(master, timeout=2) as admin:
+                await _remove(admin, plan, None, "127.0.0.1:50051")  # type: ignore[arg-type]
+
+        with pytest.raises(MasterError, match="no cache_prefix to scope by"):
+            asyncio.run(clear())
+        assert len(store) == 3 and not fleet.masters[0].calls_to("/api/v1/remove_all")
+
+
+def test_a_plain_prefix_is_still_accepted_everywhere(cli, tmp_path: Path) -> None:
+    rendered = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set",
+                   "cache_prefix=rl-run.7:a_b", "--format", "json")
+    assert rendered.exit_code == 0, rendered.stderr and '"cache_prefix": "rl-run.7:a_b"' in rendered.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -66,7 +68,12 @@ def reset(
                            probe_prompts=prompts)
     import asyncio  # lazily: --help and other commands do not need it
 
-    receipt = asyncio.run(hard_reset_fleet(fleet, options))
+    from kvctl.interrupt import interruptible
+
+    try:  # SIGINT, SIGTERM and SIGHUP all end in the receipt's "interrupted ..., resumed" (kvctl.interrupt)
+        receipt = asyncio.run(interruptible(hard_reset_fleet(fleet, options)))
+    except asyncio.CancelledError as exc:  # before anything was paused or reset (the plan, the canaries)
+        _interrupted_early(exc, json_out)
     if json_out:
         from kvctl.cli import output
 
@@ -74,6 +81,21 @@ def reset(
     else:
         _print(receipt)
     raise typer.Exit(receipt.exit_code)
+
+
+def _interrupted_early(exc: BaseException, json_out: bool) -> None:
+    from kvctl.interrupt import exit_code_for, signal_of
+
+    name = signal_of(exc) or "a cancellation"
+    code = exit_code_for(name) if name.startswith("SIG") else 130
+    summary = f"interrupted by {name} before anything was paused or reset: nothing was changed"
+    if json_out:
+        from kvctl.cli import output
+
+        output.print_json({"ok": False, "exit_code": code, "interrupted": name, "summary": summary})
+    else:
+        print(f"error: {summary}", file=sys.stderr)
+    raise typer.Exit(code)
 
 
 def _print(receipt: Any) -> None:

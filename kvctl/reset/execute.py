@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from kvctl.facts.versions import parse_version
+from kvctl.interrupt import exit_code_for, signal_of
 from kvctl.reset import master as master_clear
 from kvctl.reset import plan as planning
 from kvctl.reset import verify
@@ -74,6 +75,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
         await each(prime)
     owner_paused: set[str] = set()  # paused by their owner before the reset: left paused after it
     stuck: list[str] = []  # replicas whose pause failed, timed out or was cut short
+    interrupted: str | None = None  # the signal that ended the reset early (kvctl.interrupt)
     try:
         if opts.pausing:
             stuck = await _pause_all(live, by_name, opts, http, sem, receipts, owner_paused)
@@ -90,10 +92,18 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
                 await master_clear.clear_master(master, plan, http)
             if master is not None and opts.verify and leading:
                 await master_clear.count_master_keys(master, opts, http)  # counted already by a clear: judged only
+    except asyncio.CancelledError as exc:
+        interrupted = signal_of(exc)
+        if interrupted is None:
+            raise
+        _uncancel()  # the interruption is handled here: the resume below must run to its end
     finally:
         if opts.pausing:
             resumable = [rp for rp in live if rp.name not in owner_paused]
             await asyncio.shield(_resume_all(resumable, stuck, by_name, opts, http, sem, receipts))
+    if interrupted is not None:
+        return _interrupted(conclude(plan, list(receipts.values()), master, time.perf_counter() - start),
+                            interrupted, opts.pausing)
     if opts.verify and not stuck:
         async def check(rp: ReplicaPlan) -> None:
             canary = canaries.get(rp.name)
@@ -104,6 +114,31 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
         if opts.probe_prompts:
             await verify.probe_after(live, by_name, opts, http, receipts)
     return conclude(plan, list(receipts.values()), master, time.perf_counter() - start)
+
+
+def _interrupted(receipt: Receipt, signal_name: str, pausing: bool) -> Receipt:
+    """A reset a signal ended early: nothing counts as reset (or verified), and each replica says
+    whether kvctl resumed it (its resume op, in its ops)."""
+    receipt.exit_code = exit_code_for(signal_name)
+    for rr in receipt.replicas:
+        rr.reset = False
+        resumed = next((o for o in rr.ops if o.op == "resume"), None)
+        state = ("resumed" if resumed is not None and resumed.result == "ok" else
+                 f"NOT confirmed resumed: {resumed.error}" if resumed is not None else "not paused by kvctl")
+        rr.error = f"interrupted by {signal_name} before its reset was confirmed; {state}" + \
+            (f" ({rr.error})" if rr.error else "")
+    receipt.not_reset = [r.name for r in receipt.replicas]
+    paused = "every replica kvctl paused was resumed" if pausing and all(
+        "NOT confirmed" not in (r.error or "") for r in receipt.replicas) else \
+        "see each replica" if pausing else "nothing was paused"
+    receipt.summary = f"interrupted by {signal_name}: the reset did not finish; {paused}; nothing is verified"
+    return receipt
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):  # Python >= 3.11 counts cancellations
+        task.uncancel()
 
 
 async def _pause_all(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions, http: HttpPool,

@@ -571,3 +571,43 @@ def test_a_plain_prefix_is_still_accepted_everywhere(cli, tmp_path: Path) -> Non
     rendered = cli("config", "render", "mooncake-store", "--vllm-version", "0.32.0", "--set",
                    "cache_prefix=rl-run.7:a_b", "--format", "json")
     assert rendered.exit_code == 0, rendered.stderr and '"cache_prefix": "rl-run.7:a_b"' in rendered.stdout
+
+
+# -- signals (issue 24, finding 4) ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_any_signal_mid_reset_resumes_the_fleet_and_the_receipt_says_so(name: str) -> None:
+    """Attack: SIGTERM (what `timeout`, CI cancellation, systemd and Kubernetes send) during
+    `kvctl reset --pause` left every replica paused; only SIGINT resumed them. Must hold, for each of
+    SIGINT, SIGTERM and SIGHUP: kvctl resumes what it paused, prints a receipt that says it was
+    interrupted (nothing counted as reset), and exits 128 + the signal's number."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.doubles import DoubleFleet, Faults, VllmDouble
+
+    replica = VllmDouble("0.32.0", faults=Faults(delay={"/reset_prefix_cache": 30}))
+    with DoubleFleet() as fleet:
+        url = fleet.add(replica)
+        proc = subprocess.Popen([sys.executable, "-m", "kvctl", "reset", "--url", url, "--connector", "--pause",
+                                 "--json", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not (replica.paused and replica.calls_to("/reset_prefix_cache")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert replica.paused, "the reset never paused the replica"
+            proc.send_signal(getattr(signal, name))
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 128 + int(getattr(signal, name)), err
+        receipt = json.loads(out)
+        assert not replica.paused and replica.calls_to("/resume")
+        assert receipt["ok"] is False and f"interrupted by {name}" in receipt["summary"]
+        assert "every replica kvctl paused was resumed" in receipt["summary"]
+        (row,) = receipt["replicas"]
+        assert row["reset"] is False and "resumed" in row["error"]
+        assert [o["result"] for o in row["ops"] if o["op"] == "resume"] == ["ok"]

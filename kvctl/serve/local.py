@@ -67,11 +67,16 @@ def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
 def _replica_ports(spec: ServeSpec) -> list[int]:
     if spec.base_port is None:
         ports: list[int] = []
-        while len(ports) < spec.replicas:
+        for _ in range(20 * spec.replicas + 100):  # the OS hands out free ports; a bound, not a spin
+            if len(ports) == spec.replicas:
+                return ports
             port = free_port(spec.host)
             if port not in ports:
                 ports.append(port)
-        return ports
+        if len(ports) == spec.replicas:
+            return ports
+        raise UsageError(f"found only {len(ports)} free port(s) on {spec.host} for {spec.replicas} replicas",
+                         "free some ports, start fewer replicas, or give --base-port")
     ports = [spec.base_port + i for i in range(spec.replicas)]
     busy = [p for p in ports if port_in_use(spec.host, p)]
     if busy:

@@ -44,10 +44,19 @@ class ServeSpec:
     metadata: str = "p2p"  # transfer-engine metadata: "p2p" (P2PHANDSHAKE) or "http" (the embedded master's)
 
 
+# A run's replicas each take a port and a vLLM server's memory (~3 GB on the CPU, a GPU's share on
+# a GPU); far past what one machine or a Ray cluster runs per deployment, and the port search has a bound.
+MAX_REPLICAS = 1024
+
+
 def check_spec(spec: ServeSpec) -> None:
     """Refusals that need no process: bad counts, and dev-mode servers beyond loopback."""
     if spec.replicas < 1:
         raise UsageError(f"--replicas {spec.replicas}: need at least 1")
+    if spec.replicas > MAX_REPLICAS:
+        raise UsageError(f"--replicas {spec.replicas}: at most {MAX_REPLICAS} replicas per run (each is a vLLM "
+                         "server with its own port and its own memory)",
+                         f"start several runs (--name), each of at most {MAX_REPLICAS} replicas")
     if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
         raise UsageError(f"--base-port {spec.base_port} is not a usable port")
     if spec.name is not None:

@@ -224,10 +224,48 @@ OWNED_FLAGS = {"--host": "--host", "--port": "--base-port", "--kv-transfer-confi
 
 
 def owned_flags_in(extra_args: list[str]) -> list[tuple[str, str]]:
-    """(flag, kvctl option to use instead) for each flag of OWNED_FLAGS found in extra_args."""
+    """(flag as given, kvctl option to use instead) for each argument vLLM's parser would read as one
+    of OWNED_FLAGS. vLLM 0.32's FlexibleArgumentParser reads `--kv_transfer_config` as
+    `--kv-transfer-config` (underscores), `--kv-transfer-config.kv_connector_extra_config.x=1` as a
+    field of it (dotted), `--ho=0.0.0.0` as `--host` (argparse takes an unambiguous prefix), and
+    `--config FILE` as every key of that YAML file: each of these is checked, not just the exact flag."""
     found = []
-    for arg in extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in OWNED_FLAGS:
-            found.append((flag, OWNED_FLAGS[flag]))
+    for given, name in _vllm_option_names(extra_args):
+        owned = next((f for f in OWNED_FLAGS if f[2:] == name), None) or \
+            next((f for f in OWNED_FLAGS if f[2:].startswith(name)), None)
+        if owned is not None:
+            instead = OWNED_FLAGS[owned]
+            found.append((given if given.split("=", 1)[0] == owned else f"{given} (vLLM reads it as {owned})",
+                          instead))
     return found
+
+
+def _vllm_option_names(extra_args: list[str]) -> list[tuple[str, str]]:
+    """(the argument as given, the option name vLLM's parser reads from it), `--config` files included."""
+    out: list[tuple[str, str]] = []
+    for i, arg in enumerate(extra_args):
+        if not arg.startswith("--") or arg == "--" or len(arg) < 3:
+            continue
+        flag = arg.split("=", 1)[0]
+        name = flag[2:].split(".", 1)[0].replace("_", "-")
+        out.append((flag, name))
+        if name and "config".startswith(name) and len(name) >= 4:  # --config FILE (or an abbreviation of it)
+            path = arg.split("=", 1)[1] if "=" in arg else (extra_args[i + 1] if i + 1 < len(extra_args) else None)
+            out += [(f"{key!r} in --config {path}", key.replace("_", "-")) for key in _config_file_keys(path)]
+    return out
+
+
+def _config_file_keys(path: str | None) -> list[str]:
+    """The top-level keys of a vLLM --config YAML file (each one is read as the flag of that name)."""
+    if not path:
+        return []
+    from kvctl import yamlio
+
+    try:
+        data = yamlio.safe_load(Path(path).expanduser().read_text("utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"-- --config {path}: cannot read it ({exc})",
+                         "kvctl reads the file to check it sets none of the flags kvctl serve owns") from None
+    except Exception as exc:  # noqa: BLE001 - any YAML error: vLLM would refuse the file too
+        raise UsageError(f"-- --config {path}: not valid YAML ({exc})") from None
+    return [str(k) for k in data] if isinstance(data, dict) else []

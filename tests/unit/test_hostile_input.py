@@ -85,13 +85,35 @@ def test_unusable_addresses_are_usage_errors_not_internal_errors(cli, args: list
     (["--", "--dtype", "float32", "--host=0.0.0.0"], "--host"),
     (["--", "--port", "8000"], "--port"),
     (["--", "--kv-transfer-config", "{}"], "--kv-transfer-config"),
+    # what vLLM 0.32's FlexibleArgumentParser also reads as those flags (issue 24, finding 8)
+    (["--", "--kv_transfer_config={}"], "--kv_transfer_config (vLLM reads it as --kv-transfer-config)"),
+    (["--", "--kv-transfer-config.kv_connector_extra_config.cache_prefix=x"], "vLLM reads it as --kv-transfer-config"),
+    (["--", "--ho=0.0.0.0"], "--ho (vLLM reads it as --host)"),
+    (["--", "--hos", "0.0.0.0"], "--hos (vLLM reads it as --host)"),
+    (["--", "--por", "9"], "--por (vLLM reads it as --port)"),
+    (["--", "--config", "{config}"], "'host' in --config"),
+    (["--", "--config={config}"], "'kv_transfer_config' in --config"),
 ])
 def test_serve_flags_after_dashdash_cannot_override_kvctls(cli, tmp_path: Path, extra: list[str], flag: str) -> None:
+    """Attack: an argument vLLM's own parser reads as --host, --port, --model or --kv-transfer-config
+    (underscores, dotted fields, abbreviations, a --config YAML) moved a dev-mode server off loopback.
+    Must hold: refused before anything starts, naming the flag vLLM would have read."""
     state = tmp_path / "state"
+    config = tmp_path / "vllm.yaml"
+    config.write_text("host: 0.0.0.0\n" if "'host'" in flag else "kv_transfer_config: {}\ndtype: float32\n")
+    extra = [a.replace("{config}", str(config)) for a in extra]
     result = cli("serve", str(tmp_path), "--state-dir", str(state), "--name", "x", *extra)
     assert result.exit_code == 2
-    assert f"{flag} after -- would override what kvctl serve sets" in result.stderr
+    assert flag in result.stderr and "after -- would override what kvctl serve sets" in result.stderr
     assert not (state / "runs" / "x").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("extra", [["--dtype", "float32"], ["--max_model_len", "256"], ["--model-impl", "vllm"],
+                                   ["--served-model-name", "m"]])
+def test_flags_kvctl_does_not_own_still_pass(extra: list[str]) -> None:
+    from kvctl.serve.vllm_launch import owned_flags_in
+
+    assert owned_flags_in(extra) == []
 
 
 @pytest.mark.parametrize("host", ["127.evil.example", "127.0.0.1.nip.example"])
@@ -611,3 +633,26 @@ def test_any_signal_mid_reset_resumes_the_fleet_and_the_receipt_says_so(name: st
         (row,) = receipt["replicas"]
         assert row["reset"] is False and "resumed" in row["error"]
         assert [o["result"] for o in row["ops"] if o["op"] == "resume"] == ["ok"]
+
+
+def test_an_absurd_replica_count_is_refused_at_once(cli, tmp_path: Path) -> None:
+    """Attack: `kvctl serve --replicas 100000` spun forever looking for free ports. Must hold: refused
+    before anything starts, with the cap and how to go past it."""
+    import time
+
+    began = time.monotonic()
+    result = cli("serve", str(tmp_path), "--state-dir", str(tmp_path / "state"), "--name", "big",
+                 "--replicas", "100000")
+    assert result.exit_code == 2 and "at most 1024 replicas per run" in result.stderr
+    assert time.monotonic() - began < 10 and not (tmp_path / "state" / "runs" / "big").exists()
+
+
+def test_the_free_port_search_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that keeps handing out the same port (or none) ends in an error, not a loop."""
+    from kvctl.errors import UsageError
+    from kvctl.serve import local
+    from kvctl.serve.spec import ServeSpec
+
+    monkeypatch.setattr(local, "free_port", lambda host: 40000)
+    with pytest.raises(UsageError, match="found only 1 free port"):
+        local._replica_ports(ServeSpec(model="m", replicas=3))

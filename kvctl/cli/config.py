@@ -149,6 +149,7 @@ def validate(
         if json_out:
             output.print_json({"path": str(file), "ok": False, "error": {
                 "message": exc.message, "fix": exc.hint, "exit_code": exc.exit_code}})
+            exc.json_reported = True  # type: ignore[attr-defined]  # handle_errors prints no second one
         raise
     if json_out:
         output.print_json({**report.to_dict(), "version_source": source})

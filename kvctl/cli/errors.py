@@ -35,6 +35,8 @@ def handle_errors(func: F) -> F:
         except KvctlError as exc:
             if debug_enabled():
                 raise
+            if kwargs.get("json_out") and not getattr(exc, "json_reported", False):
+                _print_json_error(exc)  # scripts read stdout: an error there too, not an empty stream
             _print_error(exc.message, exc.hint)
             raise typer.Exit(exc.exit_code) from None
         except Exception as exc:  # a bug: say so briefly, full story with --debug
@@ -45,6 +47,15 @@ def handle_errors(func: F) -> F:
             raise typer.Exit(EXIT_FAILED) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _print_json_error(exc: KvctlError) -> None:
+    """The --json shape of every refused command (as `config validate` has it): ok false, the exit
+    code, and the error with its fix."""
+    from kvctl.cli.output import print_json
+
+    print_json({"ok": False, "exit_code": exc.exit_code,
+                "error": {"message": exc.message, "fix": exc.hint, "exit_code": exc.exit_code}})
 
 
 def _print_error(message: str, hint: str | None) -> None:

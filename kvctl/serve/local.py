@@ -98,7 +98,7 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
         extra = ["--enable_http_metadata_server=true", f"--http_metadata_server_port={port}",
                  f"--http_metadata_server_host={spec.host}"]
     master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log", extra_args=extra)
-    run_dir.joinpath("logs").mkdir(parents=True, exist_ok=True)
+    run_dir.joinpath("logs").mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def recorded(m: MasterProcess) -> None:  # in run.json as soon as it exists: kvctl stop finds it
         ref = procs.ProcessRef(m.pid or 0, m.start_time or time.time(), "mooncake_master")

@@ -224,7 +224,7 @@ class MasterProcess:
 
     def _launch(self) -> None:
         command = self.command()
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = procs.open_log(self.log_path)  # closed in stop()
         try:
             self._proc = procs.popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=self.env, start_new_session=True,

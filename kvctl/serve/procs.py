@@ -7,6 +7,7 @@ descendant it had (vLLM's API server has engine-core children).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -52,11 +53,19 @@ def is_ours(ref: ProcessRef) -> bool:
         return False
 
 
+def open_log(path: Path) -> Any:
+    """Append to a process log readable by its owner only (0600, its folder 0700): vLLM logs its whole
+    command line, an --api-key given after `--` included."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)  # a log left by an older kvctl keeps its mode otherwise
+    return os.fdopen(fd, "ab")
+
+
 def spawn(command: list[str], env: dict[str, str], log_path: Path, name: str,
           cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], ProcessRef]:
     """Start `command` in its own session with stdout+stderr appended to log_path."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    with open_log(log_path) as log:
         proc = popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                      env=env, cwd=cwd, start_new_session=True)
     started = start_time_of(proc.pid)

@@ -131,7 +131,8 @@ class RunRecord:
 
     def _write_temp(self) -> Path:
         """The record as a complete temp file in the run folder (removed again if writing fails)."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        # 0700: the run's logs, configs and private dirs are its owner's (logs hold vLLM's command line)
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".run.", suffix=".json", dir=self.path)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -656,3 +656,49 @@ def test_the_free_port_search_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(local, "free_port", lambda host: 40000)
     with pytest.raises(UsageError, match="found only 1 free port"):
         local._replica_ports(ServeSpec(model="m", replicas=3))
+
+
+def test_a_runs_logs_are_readable_by_its_owner_only(cli, tmp_path: Path) -> None:
+    """Attack: replica logs were 0644 in 0755 folders while vLLM logs its command line (an --api-key
+    after `--` included): anyone on the machine could read the key. Must hold: the run folder is 0700,
+    every log 0600."""
+    import stat
+
+    from kvctl.serve import runs
+    from tests.unit.serve.test_serve import fake_python, require_mooncake
+
+    require_mooncake()
+    (tmp_path / "model").mkdir()
+    state = tmp_path / "state"
+    result = cli("serve", str(tmp_path / "model"), "--vllm-python", str(fake_python(tmp_path)), "--state-dir",
+                 str(state), "--name", "priv", "--detach", "--health-timeout", "60", "--", "--api-key", "s3cret")
+    assert result.exit_code == 0, result.stderr
+    assert "s3cret" not in result.stdout + result.stderr
+    record = runs.load("priv", state)
+    try:
+        assert stat.S_IMODE(Path(record.dir).stat().st_mode) == 0o700
+        logs = [Path(r.log) for r in record.replicas] + [Path(record.master.log)]  # type: ignore[union-attr]
+        assert logs and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in logs), \
+            {str(p): oct(p.stat().st_mode) for p in logs}
+    finally:
+        assert cli("stop", "--run", "priv", "--state-dir", str(state)).exit_code == 0
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "--url", "http://127.0.0.1:1/some/path", "--json"],
+    ["reset", "--url", "http://user:pw@127.0.0.1:1", "--json"],
+    ["compat", "check", "--vllm-version", "banana", "--json"],
+    ["probe", "--url", "127.0.0.1:1", "--prompts", "/nonexistent/prompts.txt", "--json"],
+    ["status", "--run", "no-such-run", "--state-dir", "/nonexistent/kvctl-state", "--json"],
+])
+def test_a_refused_json_command_says_so_on_stdout(cli, args: list[str]) -> None:
+    """Attack (careless): a script reading `--json` output got an empty stdout on every refused command
+    but `config validate`. Must hold: one JSON error object on stdout (ok false, the exit code, the
+    message and its fix), the human message on stderr, and nothing secret in either."""
+    import json
+
+    result = cli(*args)
+    assert result.exit_code == 2, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["ok"] is False and data["exit_code"] == 2 and data["error"]["message"]
+    assert "error:" in result.stderr and "pw" not in result.stdout + result.stderr

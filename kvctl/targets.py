@@ -115,6 +115,9 @@ def normalize_url(url: str, where: str) -> str:
         # kvctl calls the server's own routes (/reset_prefix_cache, ...): a path here would be dropped
         raise UsageError(f"{where}: '{url}' has a path or query; kvctl needs the server's base URL",
                          f"give {parsed.scheme}://{parsed.netloc}")
+    if parsed.port is not None:  # ':041001' is port 41001: one spelling, so duplicates are seen
+        host = f"[{parsed.hostname}]" if ":" in (parsed.hostname or "") else parsed.hostname
+        return f"{parsed.scheme}://{host}:{parsed.port}"
     return text.rstrip("/")
 
 
@@ -283,15 +286,33 @@ def _with_masters(fleet: Fleet, masters: tuple[str, ...], rpcs: tuple[str, ...],
     return replace(fleet, masters=masters, master_rpcs=rpcs)
 
 
+def _server_key(url: str) -> tuple[str, int | None]:
+    """Which server a URL reaches, for finding one listed twice: 'localhost' is 127.0.0.1, an IP is
+    compared as an address (not as text), the port as a number (the scheme's default when absent)."""
+    import ipaddress
+
+    parsed = urlparse(url)
+    host = (parsed.hostname or "").lower().rstrip(".")
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    return host, parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
 def _check_unique(replicas: list[Replica]) -> None:
-    seen_urls: set[str] = set()
+    seen_urls: dict[tuple[str, int | None], str] = {}
     seen_names: set[str] = set()
     for r in replicas:
-        if r.url in seen_urls:
-            raise UsageError(f"replica {r.url} is listed twice", "list each replica once")
+        key = _server_key(r.url)
+        if key in seen_urls:
+            same = "" if seen_urls[key] == r.url else f" (as {seen_urls[key]}: the same server)"
+            raise UsageError(f"replica {r.url} is listed twice{same}", "list each replica once")
         if r.name in seen_names:
             raise UsageError(f"two replicas are named '{r.name}'", "give each replica a unique name")
-        seen_urls.add(r.url)
+        seen_urls[key] = r.url
         seen_names.add(r.name)
 
 
@@ -315,7 +336,7 @@ def load_inventory(path: Path) -> Fleet:
         cache_prefix: str | None = None
 
     try:
-        raw: Any = yamlio.safe_load(path.read_text("utf-8"))
+        raw: Any = yamlio.safe_load(path.read_text("utf-8"), unique_keys=True)
     except OSError as exc:
         raise UsageError(f"--inventory {path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:

@@ -23,25 +23,40 @@ class YamlLimitError(yaml.YAMLError):
     """A document kvctl refuses to expand (callers report it like any YAML error)."""
 
 
-def check(text: str) -> None:
+def check(text: str, unique_keys: bool = False) -> None:
     """Refuse alias bombs, deep nesting and huge input before anything is built from `text`.
 
     Aliases are real YAML (Kubernetes and CI files share env blocks with `&common` / `*common`):
     they are allowed as long as what they repeat stays small, counted as the nodes each alias
-    stands for (an anchor's size includes the aliases inside it, so nesting multiplies)."""
+    stands for (an anchor's size includes the aliases inside it, so nesting multiplies).
+
+    unique_keys: refuse a mapping that repeats a key (PyYAML keeps the last one silently, so a second
+    `replicas:` in an inventory would drop the first list without a word)."""
     if len(text) > MAX_BYTES:
         raise YamlLimitError(f"{len(text)} bytes is more than kvctl reads ({MAX_BYTES // (1024 * 1024)} MB)")
     sizes: dict[str, int] = {}  # anchor -> nodes it stands for
     open_: list[tuple[str | None, int]] = []  # (anchor, nodes so far) of each open collection
     repeated = 0
+    keys: list[tuple[set[str], list[bool]] | None] = []  # per open collection: a mapping's keys, "next is a key"
     for event in yaml.parse(text, Loader=_LOADER):
+        if unique_keys and keys and keys[-1] is not None and not isinstance(
+                event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            seen, at_key = keys[-1]
+            if at_key[0] and isinstance(event, yaml.ScalarEvent) and event.value != "<<":
+                if event.value in seen:
+                    raise YamlLimitError(f"the key '{event.value}' at line {event.start_mark.line + 1} is repeated "
+                                         "in its mapping (YAML would keep only the last one); write it once")
+                seen.add(event.value)
+            at_key[0] = not at_key[0]
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             open_.append((event.anchor, 1))
+            keys.append((set(), [True]) if isinstance(event, yaml.MappingStartEvent) else None)
             if len(open_) > MAX_DEPTH:
                 raise YamlLimitError(f"nesting deeper than {MAX_DEPTH} levels at line {event.start_mark.line + 1}")
             continue
         if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             anchor, count = open_.pop()
+            keys.pop()
         elif isinstance(event, yaml.ScalarEvent):
             anchor, count = event.anchor, 1
         elif isinstance(event, yaml.AliasEvent):
@@ -60,9 +75,9 @@ def check(text: str) -> None:
             open_[-1] = (parent_anchor, parent_count + count)
 
 
-def safe_load(text: str) -> Any:
+def safe_load(text: str, unique_keys: bool = False) -> Any:
     """yaml.safe_load, with libyaml when available (same safe constructors, no code runs), after check()."""
-    check(text)
+    check(text, unique_keys)
     try:
         return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader
     except ValueError as exc:  # e.g. an integer of more than 4300 digits

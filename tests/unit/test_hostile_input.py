@@ -702,3 +702,24 @@ def test_a_refused_json_command_says_so_on_stdout(cli, args: list[str]) -> None:
     data = json.loads(result.stdout)
     assert data["ok"] is False and data["exit_code"] == 2 and data["error"]["message"]
     assert "error:" in result.stderr and "pw" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("urls", [["localhost:8000", "127.0.0.1:8000"], ["127.0.0.1:041001", "127.0.0.1:41001"],
+                                  ["http://[::1]:8000", "http://[0:0::1]:8000"], ["HOST.example:80", "host.example"]])
+def test_one_server_listed_twice_under_two_spellings_is_refused(cli, urls: list[str]) -> None:
+    """Attack: `localhost` vs `127.0.0.1`, a port with a leading zero: the same replica listed twice got
+    two resets at once (and two canaries that see each other's hits). Must hold: refused, naming both."""
+    args = [a for u in urls for a in ("--url", u)]
+    result = cli("reset", *args, "--dry-run")
+    assert result.exit_code == 2 and "listed twice" in result.stderr
+    if urls[0] != urls[1].lower():
+        assert "the same server" in result.stderr or "041001" in urls[0]
+
+
+def test_a_repeated_key_in_an_inventory_is_refused(cli, tmp_path: Path) -> None:
+    """Attack: a second `replicas:` key kept only the last list (PyYAML), silently dropping replicas
+    from the reset. Must hold: refused with the key and its line."""
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text("replicas: [{url: '127.0.0.1:1'}]\nmaster: 127.0.0.1:9003\nreplicas: [{url: '127.0.0.1:2'}]\n")
+    result = cli("reset", "--inventory", str(inventory), "--dry-run")
+    assert result.exit_code == 2 and "'replicas' at line 3 is repeated" in result.stderr

@@ -168,7 +168,31 @@ async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: Htt
         if master.cache_prefix:
             master.others_after = others
     master.verified = mine == 0
+    if master.verified:
+        master.verified = await _confirm_empty(master, opts, http)
+        return
     if not master.verified:
         scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"
         master.error = master.error or (f"{mine} key(s) remain on the master {scope} after the reset"
                                         + ("" if opts.pausing else " (traffic during the reset writes new ones: use --pause)"))
+
+
+async def _confirm_empty(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> bool:
+    """An empty key list is proof only from a Mooncake master: a server answering an empty 200 to
+    everything lists no key either. The master's own master_key_count gauge (/metrics; in-flight puts
+    counted as /get_all_keys lists them) must exist, and, unscoped, be 0 too."""
+    from kvctl.transport.master_admin import MasterAdmin, MasterError
+
+    async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
+        try:
+            gauge = (await admin.metrics()).key_count
+        except MasterError as exc:
+            master.error = master.error or (
+                f"the master lists no key, but {exc.message}: an empty answer from a server that is not a "
+                "Mooncake master's admin port proves nothing (check --master: the admin/metrics port, e.g. :9003)")
+            return False
+    if not master.cache_prefix and gauge > 0:
+        master.error = master.error or (f"the master lists no key, yet its master_key_count gauge counts {gauge}: "
+                                        "not verified (keys in flight? rerun the reset with --pause)")
+        return False
+    return True

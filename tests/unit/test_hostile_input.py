@@ -723,3 +723,40 @@ def test_a_repeated_key_in_an_inventory_is_refused(cli, tmp_path: Path) -> None:
     inventory.write_text("replicas: [{url: '127.0.0.1:1'}]\nmaster: 127.0.0.1:9003\nreplicas: [{url: '127.0.0.1:2'}]\n")
     result = cli("reset", "--inventory", str(inventory), "--dry-run")
     assert result.exit_code == 2 and "'replicas' at line 3 is repeated" in result.stderr
+
+
+def test_a_server_answering_an_empty_200_everywhere_does_not_verify_a_reset(cli) -> None:
+    """Attack: --master pointed at something that answers every request with an empty 200 (a catch-all
+    proxy, a wrong port): its empty key list counted as "0 keys, verified". Must hold: not verified,
+    saying why; exit non-zero."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.doubles import DoubleFleet, VllmDouble
+
+    class EmptyEverywhere(BaseHTTPRequestHandler):
+        """TEST DOUBLE of a catch-all HTTP server: 200 with an empty body to every GET and POST."""
+
+        def _empty(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = _empty
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EmptyEverywhere)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with DoubleFleet() as fleet:
+            url = fleet.add(VllmDouble("0.32.0"))  # clears its store itself: kvctl only counts the keys
+            result = cli("reset", "--url", url, "--master", f"127.0.0.1:{server.server_port}", "--connector",
+                         "--verify", "--json")
+        data = json.loads(result.stdout)
+        assert result.exit_code != 0, data["summary"]
+        assert data["master"]["verified"] is False and "proves nothing" in data["master"]["error"]
+    finally:
+        server.shutdown()

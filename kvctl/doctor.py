@@ -396,10 +396,10 @@ def check_hash_seed(env: Mapping[str, str]) -> Check:
 
 
 def check_state_dir(override: str | Path | None = None) -> Check:
-    from kvctl.serve import runs
+    from kvctl.state import STATE_DIR_ENV, state_dir
 
-    path = runs.state_dir(override)
-    fix = f"set {runs.STATE_DIR_ENV} (or pass --state-dir) to a folder you can write"
+    path = state_dir(override)
+    fix = f"set {STATE_DIR_ENV} (or pass --state-dir) to a folder you can write"
     if path.exists():
         if not path.is_dir():
             return Check("state dir", "fail", f"{path} exists and is not a folder", fix)

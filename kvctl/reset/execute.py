@@ -19,6 +19,7 @@ from kvctl.interrupt import exit_code_for, signal_of
 from kvctl.reset import master as master_clear
 from kvctl.reset import plan as planning
 from kvctl.reset import verify
+from kvctl.reset.lock import Busy, reset_lock
 from kvctl.reset.plan import Plan, PlannedOp, ReplicaPlan, ResetOptions, ha_group, replica_client, uses_master
 from kvctl.reset.receipt import MasterReceipt, OpResult, Receipt, ReplicaReceipt, conclude, receipt_without_execution
 from kvctl.targets import Fleet, Replica
@@ -41,8 +42,17 @@ async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
 
 async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
                        http: HttpPool | None = None) -> Receipt:
-    async with shared_pool(http, len(fleet.replicas)) as shared:
-        return await _execute(plan, fleet, time.perf_counter() if start is None else start, shared)
+    """Execute under the reset lock of every replica planned (kvctl.reset.lock): a second reset of
+    any of them from this machine is refused, with nothing sent."""
+    start = time.perf_counter() if start is None else start
+    try:
+        with reset_lock([r.url for r in plan.replicas if r.error is None]):
+            async with shared_pool(http, len(fleet.replicas)) as shared:
+                return await _execute(plan, fleet, start, shared)
+    except Busy as exc:
+        plan.error = f"{exc}: two resets of one replica at once undo each other's pause"
+        plan.hint = "wait for that reset to finish (or stop it), then reset again"
+        return receipt_without_execution(plan, fleet, time.perf_counter() - start)
 
 
 async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Receipt:

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.errors import UsageError
+from kvctl.state import state_dir
 from kvctl.serve.procs import ProcessRef, is_ours
 
-STATE_DIR_ENV = "KVCTL_STATE_DIR"
 RUN_FILE = "run.json"
 PREVIOUS = "previous"  # NAME/previous/<start time>/: the files of earlier runs under the same name
 LIVE_STATES = ("starting", "running")
@@ -145,17 +145,6 @@ class RunRecord:
 
 def _ref(data: dict[str, Any] | None) -> ProcessRef | None:
     return None if not data else ProcessRef(int(data["pid"]), float(data["start_time"]), str(data["name"]))
-
-
-def state_dir(override: str | Path | None = None) -> Path:
-    # absolute: run records hold paths, and replicas run in folders of their own
-    if override:
-        return Path(override).expanduser().resolve()
-    if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV]).expanduser().resolve()
-    from platformdirs import user_state_dir
-
-    return Path(user_state_dir("kvctl"))
 
 
 def runs_dir(override: str | Path | None = None) -> Path:

@@ -760,3 +760,34 @@ def test_a_server_answering_an_empty_200_everywhere_does_not_verify_a_reset(cli)
         assert data["master"]["verified"] is False and "proves nothing" in data["master"]["error"]
     finally:
         server.shutdown()
+
+
+def test_two_resets_of_one_replica_at_once_are_refused(tmp_path: Path) -> None:
+    """Attack (careless): two `kvctl reset --pause` on one fleet at once: the second took the first's
+    pause for the owner's, reset unpaused and left the replica to the first. Must hold: while one reset
+    runs, a second one of any of its replicas is refused with nothing sent, naming the holder; after
+    it, a reset runs as usual."""
+    import subprocess
+    import sys
+    import time
+
+    import kvctl
+    from tests.doubles import DoubleFleet, Faults, VllmDouble
+
+    replica = VllmDouble("0.32.0", faults=Faults(delay={"/reset_prefix_cache": 3}))
+    with DoubleFleet() as fleet:
+        url = fleet.add(replica)
+        first = subprocess.Popen([sys.executable, "-m", "kvctl", "reset", "--url", url, "--connector", "--pause"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not replica.calls_to("/reset_prefix_cache") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            calls = len(replica.calls)
+            second = kvctl.hard_reset(urls=[url], connector=True)
+            assert second.exit_code == 1 and "being reset by another kvctl" in second.summary
+            assert not [c for c in replica.calls[calls:] if c.method == "POST"]  # nothing sent by the second
+        finally:
+            assert first.wait(timeout=60) == 0
+        assert not replica.paused
+        assert kvctl.hard_reset(urls=[url], connector=True).exit_code == 0

@@ -4,16 +4,20 @@
     receipt = kvctl.hard_reset(urls=["http://127.0.0.1:8000"], master="127.0.0.1:9003", verify=True,
                                raise_on_failure=True)
 
+Each blocking function has an async twin (`hard_reset_async`, `probe_async`) for code that runs
+an event loop; the blocking one refuses to run inside a loop (UsageError) rather than nest it.
+
 Importing kvctl does not import typer, rich, vllm, torch or mooncake.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from kvctl.errors import KvctlError
+from kvctl.errors import KvctlError, UsageError
 from kvctl.reset.execute import hard_reset_fleet
 from kvctl.reset.plan import ResetOptions
 from kvctl.reset.receipt import Receipt
@@ -21,6 +25,8 @@ from kvctl.targets import build_fleet
 
 if TYPE_CHECKING:
     from kvctl.reset.probe import ProbeReport
+
+T = TypeVar("T")
 
 
 class ResetFailed(KvctlError):
@@ -58,7 +64,7 @@ async def hard_reset_async(
     receipt that is not fully ok raises ResetFailed (carrying the receipt).
     Bad targets raise kvctl.errors.UsageError.
     """
-    fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, master, run=run)
+    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, master, run=run)
     options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
                            dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
                            pause_timeout=pause_timeout)
@@ -70,17 +76,50 @@ async def hard_reset_async(
 
 def hard_reset(urls: list[str] | None = None, **kwargs: object) -> Receipt:
     """Blocking twin of hard_reset_async (same arguments). Call it from code without a running loop."""
-    return asyncio.run(hard_reset_async(urls, **kwargs))  # type: ignore[arg-type]
+    return _blocking("hard_reset", hard_reset_async, urls, **kwargs)
+
+
+async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | None = None,
+                      inventory: str | Path | None = None, run: str | None = None, max_tokens: int = 4,
+                      tolerance: float | None = None, timeout: float = 120.0) -> ProbeReport:
+    """Content-level check (same as `kvctl probe`): each prompt as served vs computed fresh with a
+    cache_salt, per replica. Returns the report (`.exit_code`: 0 match, 1 STALE, 3 inconclusive).
+    Bad arguments raise kvctl.errors.UsageError."""
+    from kvctl.reset.probe import DEFAULT_TOLERANCE, ProbeOptions, check_prompts, probe_fleet
+
+    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout,
+                           tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    options.check()  # before any replica is read
+    texts = check_prompts(prompts)
+    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run)
+    return await probe_fleet(fleet, texts, options)
 
 
 def probe(urls: list[str] | None = None, *, prompts: list[str] | None = None,
           inventory: str | Path | None = None, run: str | None = None, max_tokens: int = 4,
-          tolerance: float | None = None, timeout: float = 120.0) -> "ProbeReport":
-    """Content-level check (same as `kvctl probe`): each prompt as served vs computed fresh with a
-    cache_salt, per replica. Returns the report (`.exit_code`: 0 match, 1 STALE, 3 inconclusive)."""
-    from kvctl.reset.probe import DEFAULT_TOLERANCE, ProbeOptions, probe_fleet
+          tolerance: float | None = None, timeout: float = 120.0) -> ProbeReport:
+    """Blocking twin of probe_async (same arguments). Call it from code without a running loop."""
+    return _blocking("probe", probe_async, urls, prompts=prompts, inventory=inventory, run=run,
+                     max_tokens=max_tokens, tolerance=tolerance, timeout=timeout)
 
-    fleet = build_fleet(list(urls) if urls else None, Path(inventory) if inventory else None, None, run=run)
-    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout,
-                           tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
-    return asyncio.run(probe_fleet(fleet, prompts, options))
+
+def _urls(urls: object) -> list[str] | None:
+    """The replica URLs as a list; a lone string would be read one character at a time."""
+    if urls is None:
+        return None
+    if isinstance(urls, (str, bytes)) or not isinstance(urls, (list, tuple)) \
+            or not all(isinstance(u, str) for u in urls):
+        raise UsageError(f"urls must be a list of URLs, got {type(urls).__name__}",
+                         f"urls=[{urls!r}]" if isinstance(urls, str) else 'urls=["http://HOST:PORT", ...]')
+    return list(urls)
+
+
+def _blocking(name: str, function: Callable[..., Awaitable[T]], *args: object, **kwargs: object) -> T:
+    """Run an async API function to completion; refused inside a running loop (asyncio.run cannot
+    nest), before its coroutine exists, so nothing is left never awaited."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(function(*args, **kwargs))  # type: ignore[arg-type]
+    raise UsageError(f"kvctl.{name}() blocks, and it was called inside a running event loop",
+                     f"await kvctl.{name}_async(...) instead")

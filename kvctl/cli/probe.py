@@ -31,7 +31,7 @@ def probe(
 ) -> None:
     """Content-level proof: each prompt as is and with a fresh cache_salt (computed from scratch), compared.
 
-    A replica whose plain answer differs from its fresh one serves stale KV (e.g. computed before a weight update). Exit 0 all match, 1 STALE found, 2 bad usage, 3 inconclusive somewhere (the report says why: no cache_salt in that vLLM, a cache that ignores the salt, a near-tie).
+    A replica whose plain answer differs from its fresh one (a token, the number of tokens, how it ended, the log-probabilities) serves stale KV (e.g. computed before a weight update). Exit 0 all match, 1 STALE found, 2 bad usage, 3 inconclusive somewhere (the report says why and how to fix it: no cache_salt in that vLLM, a cache that ignores the salt, a near-tie, an answer out of vLLM's layout).
     """
     from kvctl.reset.probe import DEFAULT_TOLERANCE, ProbeOptions, load_prompts, probe_fleet
     from kvctl.targets import build_fleet
@@ -63,10 +63,15 @@ def _print(report: Any) -> None:
     style = {"match": "green", "STALE": "bold red", "inconclusive": "yellow"}
     for r in report.replicas:
         if r.error:
-            table.add_row(escape(r.name), escape(r.version or "?"), "", "[yellow]inconclusive[/]", escape(r.error))
+            table.add_row(escape(r.name), escape(r.version or "?"), "", "[yellow]inconclusive[/]",
+                          escape(_why(r.error, r.hint)))
         for p in r.results:
             table.add_row(escape(r.name), escape(r.version or "?"), escape(p.prompt),
-                          f"[{style[p.verdict]}]{p.verdict}[/]", escape(p.reason))
+                          f"[{style[p.verdict]}]{p.verdict}[/]", escape(_why(p.reason, p.hint)))
     output.show(table)
     color = "green" if report.exit_code == 0 else "red" if report.exit_code == 1 else "yellow"
     output.show(f"[{color}]{escape(report.summary)}[/] [dim](tolerance {report.tolerance:g}, {report.seconds:.2f} s)[/]")
+
+
+def _why(reason: str, hint: str | None) -> str:
+    return f"{reason}; fix: {hint}" if hint else reason

@@ -88,7 +88,9 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
     master.removed_count, master.keys_after, master.others_after = removed, mine, others
     if mine:
         master.remaining = (f"{mine} key(s) survived {opts.clear_timeout:g}s of forced clears: Mooncake "
-                            "skips keys whose puts are still in flight or that have replication tasks")
+                            "skips keys whose puts are still in flight or that have replication tasks, and the "
+                            "keys of a writer that crashed mid-put stay PROCESSING for good (Mooncake issue 974): "
+                            "restart the master to drop them, or rerun with a longer --clear-timeout")
     master.clear = OpResult("master_clear", "ok" if not mine else "failed", 200,
                             round(time.perf_counter() - started, 6), 1, error=master.remaining, detail=how)
 

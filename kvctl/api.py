@@ -45,7 +45,10 @@ async def hard_reset_async(
     *,
     inventory: str | Path | None = None,
     master: str | None = None,
+    master_rpc: str | None = None,
     run: str | None = None,
+    state_dir: str | Path | None = None,
+    ray: str | None = None,
     connector: bool = True,
     mm: bool = True,
     encoder: bool = True,
@@ -56,6 +59,9 @@ async def hard_reset_async(
     retries: int = 2,
     concurrency: int = 256,
     pause_timeout: float = 120.0,
+    whole_master: bool = False,
+    clear_timeout: float = 15.0,
+    probe_prompts: list[str] | None = None,
     raise_on_failure: bool = False,
 ) -> Receipt:
     """Reset every cache of every replica (and the Mooncake store, with connector=True).
@@ -64,10 +70,13 @@ async def hard_reset_async(
     receipt that is not fully ok raises ResetFailed (carrying the receipt).
     Bad targets raise kvctl.errors.UsageError.
     """
-    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, master, run=run)
     options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
                            dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
-                           pause_timeout=pause_timeout)
+                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
+                           probe_prompts=_prompts(probe_prompts)).check()
+    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
+                        run=run, state_dir=str(state_dir) if state_dir else None,
+                        master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
     receipt = await hard_reset_fleet(fleet, options)
     if raise_on_failure and not receipt.ok:
         raise ResetFailed(receipt)
@@ -80,7 +89,8 @@ def hard_reset(urls: list[str] | None = None, **kwargs: object) -> Receipt:
 
 
 async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | None = None,
-                      inventory: str | Path | None = None, run: str | None = None, max_tokens: int = 4,
+                      inventory: str | Path | None = None, run: str | None = None,
+                      state_dir: str | Path | None = None, max_tokens: int = 4,
                       tolerance: float | None = None, timeout: float = 120.0) -> ProbeReport:
     """Content-level check (same as `kvctl probe`): each prompt as served vs computed fresh with a
     cache_salt, per replica. Returns the report (`.exit_code`: 0 match, 1 STALE, 3 inconclusive).
@@ -91,16 +101,14 @@ async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | Non
                            tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
     options.check()  # before any replica is read
     texts = check_prompts(prompts)
-    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run)
+    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run,
+                        state_dir=str(state_dir) if state_dir else None)
     return await probe_fleet(fleet, texts, options)
 
 
-def probe(urls: list[str] | None = None, *, prompts: list[str] | None = None,
-          inventory: str | Path | None = None, run: str | None = None, max_tokens: int = 4,
-          tolerance: float | None = None, timeout: float = 120.0) -> ProbeReport:
+def probe(urls: list[str] | None = None, **kwargs: object) -> ProbeReport:
     """Blocking twin of probe_async (same arguments). Call it from code without a running loop."""
-    return _blocking("probe", probe_async, urls, prompts=prompts, inventory=inventory, run=run,
-                     max_tokens=max_tokens, tolerance=tolerance, timeout=timeout)
+    return _blocking("probe", probe_async, urls, **kwargs)
 
 
 def _urls(urls: object) -> list[str] | None:
@@ -112,6 +120,25 @@ def _urls(urls: object) -> list[str] | None:
         raise UsageError(f"urls must be a list of URLs, got {type(urls).__name__}",
                          f"urls=[{urls!r}]" if isinstance(urls, str) else 'urls=["http://HOST:PORT", ...]')
     return list(urls)
+
+
+def _address(value: object, name: str) -> str | None:
+    """HOST:PORT (or several comma-separated, an HA group) as a string; 41100 or None in a list is a
+    usage error here, not a TypeError deep inside."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return ",".join(value)
+    raise UsageError(f"{name} must be 'HOST:PORT' (or a list of them for an HA group), got {value!r}",
+                     f'e.g. {name}="127.0.0.1:{9003 if name == "master" else 50051}"')
+
+
+def _prompts(prompts: object) -> list[str] | None:
+    if prompts is None:
+        return None
+    from kvctl.reset.probe import check_prompts
+
+    return check_prompts(prompts)
 
 
 def _blocking(name: str, function: Callable[..., Awaitable[T]], *args: object, **kwargs: object) -> T:

@@ -32,7 +32,7 @@ def reset(
     pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (it waits for in-flight requests); tried twice at most. When a pause fails, every replica that paused is resumed at once and nothing is reset.")] = 120.0,
     whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
     clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped (puts still in flight, replication tasks).")] = 15.0,
-    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: after the reset, check these prompts by content (kvctl probe: as is vs computed fresh with a cache_salt); STALE fails the verification. One prompt a line, or JSONL.")] = None,
+    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: after the reset, check these prompts by content (kvctl probe: as is vs computed fresh with a cache_salt); only a match verifies (STALE and inconclusive fail it). One prompt a line, or JSONL.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
@@ -49,23 +49,17 @@ def reset(
     from kvctl.reset.plan import ResetOptions
     from kvctl.targets import build_fleet
 
-    if not (timeout > 0 and pause_timeout > 0 and clear_timeout >= 0) or retries < 0 or concurrency < 1:
-        # `not >` also refuses nan
-        raise UsageError("--timeout and --pause-timeout must be > 0, --clear-timeout >= 0, --retries >= 0 "
-                         "and --concurrency >= 1")
     if probe_prompts is not None and not verify:
         raise UsageError("--probe-prompts checks the reset by content: it needs --verify",
                          "add --verify (or run kvctl probe on its own)")
-    prompts = None
+    options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
+                           pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
+                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout).check()
     if probe_prompts is not None:
         from kvctl.reset.probe import load_prompts
 
-        prompts = load_prompts(probe_prompts)
+        options.probe_prompts = load_prompts(probe_prompts)
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc, ray=ray)
-    options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
-                           pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
-                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
-                           probe_prompts=prompts)
     import asyncio  # lazily: --help and other commands do not need it
 
     from kvctl.interrupt import interruptible

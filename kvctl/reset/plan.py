@@ -14,6 +14,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from kvctl.errors import UsageError
 from kvctl.facts.cache_prefix import SEPARATOR, cache_prefix_problem, cache_prefixes_in
 from kvctl.facts.capabilities import table
 from kvctl.facts.compat import cache_prefix_of, layout_of
@@ -40,6 +41,28 @@ class ResetOptions:
     clear_timeout: float = 15.0  # how long a master clear may retry keys it skipped (puts in flight)
     # With verify: prompts `kvctl probe` checks after the reset (content, not counts); STALE fails it.
     probe_prompts: list[str] | None = None
+
+    def check(self) -> ResetOptions:
+        """UsageError for options no reset can run with (the CLI's and the Python API's one check)."""
+        numbers = {"timeout": self.timeout, "pause_timeout": self.pause_timeout, "clear_timeout": self.clear_timeout,
+                   "retries": self.retries, "concurrency": self.concurrency}
+        for name, value in numbers.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UsageError(f"{name} must be a number, got {type(value).__name__} {value!r}",
+                                 f"e.g. {name}={getattr(ResetOptions, name)!r}")
+        for name in ("retries", "concurrency"):
+            if not isinstance(numbers[name], int):
+                raise UsageError(f"{name} must be a whole number, got {numbers[name]!r}")
+        # `not >` also refuses nan
+        if not (self.timeout > 0 and self.pause_timeout > 0 and self.clear_timeout >= 0) \
+                or self.retries < 0 or self.concurrency < 1 or self.timeout == float("inf"):
+            raise UsageError("timeout and pause_timeout must be > 0 (and finite), clear_timeout >= 0, retries >= 0 "
+                             "and concurrency >= 1 (--timeout, --pause-timeout, --clear-timeout, --retries, "
+                             "--concurrency)")
+        if self.probe_prompts is not None and not self.verify:
+            raise UsageError("probe prompts check the reset by content: they need verify",
+                             "add --verify (verify=True), or run kvctl probe on its own")
+        return self
 
     @property
     def pausing(self) -> bool:
@@ -267,7 +290,8 @@ def _plan_master(plan: Plan) -> None:
     if plan.error is None and plan.options.verify and plan.master is None \
             and any(r.has_store or r.layout is None for r in planned):
         plan.error = "--verify needs the Mooncake master to count its keys, and no master is known"
-        plan.hint = "pass --master HOST:PORT (the master's admin/metrics port) or put master: in the inventory"
+        plan.hint = ("pass --master HOST:PORT (the master's admin/metrics port; master= in Python) or put master: "
+                     "in the inventory")
 
 
 def _plan_scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
@@ -286,7 +310,8 @@ def _plan_scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
         plan.error = ("the replicas run with different cache_prefixes: "
                       + ", ".join(f"{r.name}={r.cache_prefix or 'none'}" for r in stores)
                       + "; a clear scoped to one would leave the others' stale KV")
-        plan.hint = "reset each deployment on its own (one --inventory each), or pass --whole-master"
+        plan.hint = ("reset each deployment on its own (one --inventory each), or pass --whole-master "
+                     "(whole_master=True)")
         return
     if served and None not in served:
         plan.cache_prefix = served.pop()
@@ -325,8 +350,9 @@ def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
     why = "; ".join(_why_master(r) for r in needs)
     if plan.master is None:
         plan.error = f"the external store would not be cleared: {why}; and no Mooncake master is known"
-        plan.hint = ("pass --master HOST:PORT (the master's admin/metrics port, e.g. 127.0.0.1:9003) so kvctl "
-                     "clears it directly" + (" (and --master-rpc HOST:PORT, its RPC port)" if scoped else "")
+        plan.hint = ("pass --master HOST:PORT (master= in Python: the master's admin/metrics port, e.g. "
+                     "127.0.0.1:9003) so kvctl clears it directly"
+                     + (" (and --master-rpc HOST:PORT, master_rpc=: its RPC port)" if scoped else "")
                      + ", or upgrade vLLM to >= "
                      f"{t.connector('MooncakeStoreConnector').reset.since}")  # type: ignore[union-attr]
         return
@@ -343,11 +369,12 @@ def _check_scoped_clear(plan: Plan) -> None:
     if plan.master_rpc is None:
         plan.error = (f"clearing only this deployment's keys ('{plan.cache_prefix}@...') needs the master's "
                       "RPC port, and none is known")
-        plan.hint = ("pass --master-rpc HOST:PORT (or master_rpc: in the inventory), or --whole-master to "
+        plan.hint = ("pass --master-rpc HOST:PORT (master_rpc= in Python, master_rpc: in the inventory), or "
+                     "--whole-master (whole_master=True) to "
                      "clear every deployment's keys")
     elif not store_client.available():
         plan.error = "clearing only this deployment's keys needs Mooncake's store client, not installed here"
-        plan.hint = store_client.INSTALL_HINT + ", or pass --whole-master"
+        plan.hint = store_client.INSTALL_HINT + ", or pass --whole-master (whole_master=True)"
 
 
 def _reset_is_master_wide(r: ReplicaPlan) -> bool:

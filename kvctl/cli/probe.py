@@ -13,7 +13,7 @@ from kvctl.errors import UsageError
 
 PromptsOpt = Annotated[
     Optional[Path],
-    typer.Option("--prompts", metavar="FILE", help="Prompts to check: one per line, or JSONL with a \"prompt\" field. Default: kvctl's fixed probe prompt."),
+    typer.Option("--prompts", metavar="FILE", help="Prompts to check: one per line, JSONL with a \"prompt\" field, or a .json list. Default: kvctl's fixed probe prompt."),
 ]
 
 

@@ -142,16 +142,24 @@ class ProbeReport:
 
 
 def load_prompts(path: Path) -> list[str]:
-    """Prompts from a text file (one per line) or JSONL ({"prompt": ...} per line)."""
+    """Prompts from a text file (one per line), JSONL ({"prompt": ...} per line) or a .json list."""
     try:
         text = Path(path).read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--prompts {path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    suffix = Path(path).suffix.lower()
+    if suffix == ".json":  # a JSON document (a list of prompts), or JSONL under a .json name
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError:
+            suffix = ".jsonl"  # several documents, one a line: read as JSONL (with its line numbers)
+        else:
+            return _prompts_of_document(document, path)
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        if path.suffix.lower() == ".jsonl":
+        if suffix == ".jsonl":
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -166,6 +174,17 @@ def load_prompts(path: Path) -> list[str]:
     if not prompts:
         raise UsageError(f"--prompts {path}: no prompts in it", "one prompt a line, or JSONL with \"prompt\"")
     return prompts
+
+
+def _prompts_of_document(document: object, path: Path) -> list[str]:
+    """A .json file's prompts: a list of strings or of {"prompt": ...} objects (one object: one prompt)."""
+    items = document if isinstance(document, list) else [document]
+    prompts = [item.get("prompt") if isinstance(item, dict) else item for item in items]
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise UsageError(f"--prompts {path}: a JSON file must hold a list of prompts (strings, or objects with a "
+                         "\"prompt\" string)",
+                         'e.g. ["first prompt", "second prompt"], or JSONL: one {"prompt": "..."} a line')
+    return prompts  # type: ignore[return-value]
 
 
 def check_prompts(prompts: object) -> list[str]:

@@ -142,3 +142,31 @@ def test_the_python_api_refuses_bad_arguments_with_a_usage_error(kwargs: dict[st
     with pytest.raises(UsageError, match=what) as caught:
         kvctl.probe(**kwargs)
     assert caught.value.hint
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("p.json", '{"prompt": "a b c"}\n{"prompt": "d e f"}\n', ["a b c", "d e f"]),  # JSONL under .json
+    ("p.json", '["x y", "z w"]', ["x y", "z w"]),
+    ("p.json", '[{"prompt": "x y"}]', ["x y"]),
+    ("p.jsonl", '{"prompt": "a b"}\n', ["a b"]),
+    ("p.txt", '{"prompt": "kept as text"}\n', ['{"prompt": "kept as text"}']),
+])
+def test_a_json_prompts_file_is_read_as_json_whatever_its_layout(tmp_path, name: str, text: str,
+                                                                  expected: list[str]) -> None:
+    """Attack (careless): a .json prompts file holding JSONL was read as plain lines, so the probe sent
+    '{"prompt": ...}' itself as the prompt. Must hold: .json is a JSON list or JSONL; .txt stays text."""
+    from kvctl.reset.probe import load_prompts
+
+    path = tmp_path / name
+    path.write_text(text)
+    assert load_prompts(path) == expected
+
+
+def test_a_json_prompts_file_of_the_wrong_shape_is_refused(tmp_path) -> None:
+    from kvctl.errors import UsageError
+    from kvctl.reset.probe import load_prompts
+
+    path = tmp_path / "p.json"
+    path.write_text('{"prompts": 3}')
+    with pytest.raises(UsageError, match="must hold a list of prompts"):
+        load_prompts(path)

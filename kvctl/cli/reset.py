@@ -200,6 +200,8 @@ def _print_results(receipt: Any) -> None:
             output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")
     if m is not None and m.error:
         output.show(f"[red]master[/]: {escape(m.error)}")
+    for note in (m.notes if m is not None else []):
+        output.show(f"[yellow]master[/]: {escape(note)}")
 
 
 def _leader_note(m: Any) -> str:

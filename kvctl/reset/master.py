@@ -86,6 +86,13 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
             removed += (await _remove(admin, plan, prefix, master.rpc_address))[0]
             mine, others = _split(await admin.all_keys(), prefix)
     master.removed_count, master.keys_after, master.others_after = removed, mine, others
+    if master.leader_changed and master.keys_before == 0 and not master.others_before:
+        master.notes.append(f"the new leader {master.address} held no key before the clear: a Mooncake failover "
+                            "without snapshots starts empty (Mooncake issue 1871), so the old leader's keys went "
+                            "with it; the replicas' local caches were reset as planned")
+    if removed == 0 and master.keys_before:
+        master.notes.append(f"the master reported 0 keys removed although {master.keys_before} were there "
+                            "(remove_all answers 0 for a tenant it does not know): judged by counting again")
     if mine:
         master.remaining = (f"{mine} key(s) survived {opts.clear_timeout:g}s of forced clears: Mooncake "
                             "skips keys whose puts are still in flight or that have replication tasks, and the "

@@ -73,6 +73,9 @@ class MasterReceipt:
     planned_address: str | None = None  # the master the plan chose (differs after a leader change)
     leader_changed: str | None = None  # "old -> new" when leadership moved before or during the clear
     roles: list[MasterNode] = field(default_factory=list)  # what each master said just before the clear
+    # What kvctl saw of Mooncake's known gaps (a failover that started empty, keys that survived forced
+    # clears): facts for the reader, each in one sentence; the verdict itself is judged by the counts
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

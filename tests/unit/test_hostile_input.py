@@ -791,3 +791,32 @@ def test_two_resets_of_one_replica_at_once_are_refused(tmp_path: Path) -> None:
             assert first.wait(timeout=60) == 0
         assert not replica.paused
         assert kvctl.hard_reset(urls=[url], connector=True).exit_code == 0
+
+
+def test_a_clear_that_says_it_removed_nothing_is_judged_by_counting_and_said(cli) -> None:
+    """Mooncake's remove_all answers success with removed_count 0 for a tenant it does not know, and
+    keeps every key. Must hold: the reset is not called complete while the keys remain, and the receipt
+    says what kvctl saw (a note), and why keys survived (its master error)."""
+    import json
+
+    from aiohttp import web
+
+    from tests.doubles import DoubleFleet, MasterDouble, SharedStore, VllmDouble
+
+    class RemovesNothing(MasterDouble):
+        """TEST DOUBLE of a master whose remove_all answers success, removed_count 0, and keeps every key."""
+
+        async def _route(self, request: web.Request, call):  # noqa: ANN001, ANN202
+            if (request.method, request.path) == ("POST", "/api/v1/remove_all"):
+                return web.json_response({"success": True, "removed_count": 0})
+            return await super()._route(request, call)
+
+    store = SharedStore(["k1", "k2"])
+    with DoubleFleet() as fleet:
+        url = fleet.add(VllmDouble("0.22.0", store=store))  # vLLM 0.22 clears nothing: kvctl clears the master
+        master = fleet.add_master(RemovesNothing(store))
+        result = cli("reset", "--url", url, "--master", master, "--connector", "--clear-timeout", "1", "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code != 0 and len(store) == 2
+    assert any("reported 0 keys removed although 2 were there" in n for n in data["master"]["notes"])
+    assert "survived" in data["master"]["remaining"] and data["master"]["clear"]["result"] == "failed"

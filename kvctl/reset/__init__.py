@@ -9,7 +9,7 @@ The names below stay importable from `kvctl.reset` (loaded on first use).
 
 from __future__ import annotations
 
-from typing import Any
+from kvctl._faces import lazy_face
 
 _FACE = {
     "ResetOptions": "kvctl.reset.plan", "Plan": "kvctl.reset.plan", "PlannedOp": "kvctl.reset.plan",
@@ -21,14 +21,4 @@ _FACE = {
     "ProbeOptions": "kvctl.reset.probe", "ProbeReport": "kvctl.reset.probe", "probe_fleet": "kvctl.reset.probe",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _FACE:
-        from importlib import import_module
-
-        return getattr(import_module(_FACE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_FACE])
+__getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

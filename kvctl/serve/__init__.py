@@ -7,21 +7,11 @@ The names below stay importable from `kvctl.serve` (loaded on first use).
 
 from __future__ import annotations
 
-from typing import Any
+from kvctl._faces import lazy_face
 
 _FACE = {
     "ServeSpec": "kvctl.serve.spec", "ServeError": "kvctl.serve.spec", "check_spec": "kvctl.serve.spec",
     "start_run": "kvctl.serve.local", "stop_run": "kvctl.serve.lifecycle",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _FACE:
-        from importlib import import_module
-
-        return getattr(import_module(_FACE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_FACE])
+__getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

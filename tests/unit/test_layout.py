@@ -12,7 +12,7 @@ from tests.lib import REPO
 PACKAGE = REPO / "kvctl"
 MAX_LINES = 450
 # Which kvctl packages each package may import (besides its own modules and the leaves below).
-LEAVES = {"kvctl._version", "kvctl.errors", "kvctl.interrupt", "kvctl.state", "kvctl.yamlio"}
+LEAVES = {"kvctl._faces", "kvctl._version", "kvctl.errors", "kvctl.interrupt", "kvctl.state", "kvctl.yamlio"}
 ALLOWED = {
     "kvctl.facts": set(),
     "kvctl.config": {"kvctl.facts", "kvctl.validate"},  # render checks its output with validate
@@ -109,3 +109,17 @@ def test_the_checks_see_the_real_graph() -> None:
     assert "kvctl.reset.plan" in g["kvctl.reset.execute"]
     assert "kvctl.serve.runs" in g["kvctl.targets"]  # imported inside resolve_targets' helpers
     assert len(g) > 60
+
+
+def test_every_name_of_a_package_face_resolves() -> None:
+    """`from kvctl.reset import ResetOptions` and friends keep working for users after the move: each
+    name a package's face promises comes from the module it names."""
+    import importlib
+
+    for package in ("kvctl.reset", "kvctl.serve"):
+        module = importlib.import_module(package)
+        for name, home in module._FACE.items():  # type: ignore[attr-defined]
+            assert getattr(module, name) is getattr(importlib.import_module(home), name), f"{package}.{name}"
+    import kvctl
+
+    assert callable(kvctl.hard_reset) and callable(kvctl.probe) and callable(kvctl.probe_async)

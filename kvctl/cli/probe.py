@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -44,7 +46,20 @@ def probe(
                            tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
     import asyncio
 
-    report = asyncio.run(probe_fleet(fleet, texts, options))
+    from kvctl.interrupt import exit_code_for, interruptible, signal_of
+
+    try:  # SIGINT, SIGTERM and SIGHUP end the probe alike: a message and 128 + the signal (it changes nothing)
+        report = asyncio.run(interruptible(probe_fleet(fleet, texts, options)))
+    except asyncio.CancelledError as exc:
+        name = signal_of(exc) or "SIGINT"
+        summary = f"interrupted by {name}: the probe did not finish, nothing was judged"
+        if json_out:
+            from kvctl.cli import output
+
+            output.print_json({"ok": False, "exit_code": exit_code_for(name), "interrupted": name, "summary": summary})
+        else:
+            print(f"error: {summary}", file=sys.stderr)
+        raise typer.Exit(exit_code_for(name)) from None
     if json_out:
         from kvctl.cli import output
 

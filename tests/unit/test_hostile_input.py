@@ -820,3 +820,33 @@ def test_a_clear_that_says_it_removed_nothing_is_judged_by_counting_and_said(cli
     assert result.exit_code != 0 and len(store) == 2
     assert any("reported 0 keys removed although 2 were there" in n for n in data["master"]["notes"])
     assert "survived" in data["master"]["remaining"] and data["master"]["clear"]["result"] == "failed"
+
+
+def test_a_signal_mid_probe_ends_it_cleanly() -> None:
+    """The same signal path for kvctl probe (issue 24, finding 4): SIGTERM during a probe ends it with a
+    JSON object that says so and exit 143, not a silent kill."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.doubles import DoubleFleet, Faults, VllmDouble
+
+    replica = VllmDouble("0.32.0", faults=Faults(delay={"/v1/completions": 30}))
+    with DoubleFleet() as fleet:
+        url = fleet.add(replica)
+        proc = subprocess.Popen([sys.executable, "-m", "kvctl", "probe", "--url", url, "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not replica.calls_to("/v1/completions") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 143, err
+    data = json.loads(out)
+    assert data["ok"] is False and data["interrupted"] == "SIGTERM"

@@ -374,7 +374,8 @@ def test_status_with_no_target_shows_the_runs(cli, tmp_path: Path) -> None:
     assert f"no live kvctl run in {tmp_path / 'runs'}" in result.stderr
     assert "kvctl status --run newer" in result.stderr
     quiet = cli("status", "--state-dir", str(tmp_path), "--json")
-    assert quiet.exit_code == 2 and quiet.stdout == ""  # --json: stdout stays JSON or nothing
+    # --json: stdout stays JSON: the error object, no table of runs
+    assert quiet.exit_code == 2 and json.loads(quiet.stdout)["error"]["fix"].startswith("kvctl status --run newer")
 
 
 @pytest.mark.parametrize("args", [["runs", "--help"], ["rm", "--help"]])

@@ -109,9 +109,9 @@ if ! "${apt[@]}" update -q >"$apt_log" 2>&1 ||
     exit 1
 fi
 still=()
+linker_cache_read=0  # the install changed the linker cache: read it again, once
 for r in "${reqs[@]}"; do
     IFS=: read -r pkg kind what <<<"$r"
-    linker_cache_read=0
     present "$kind" "$what" || still+=("$pkg:$what")
 done
 if ((${#still[@]})); then

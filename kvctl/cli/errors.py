@@ -16,7 +16,7 @@ import typer
 from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, KvctlError
 
 F = TypeVar("F", bound=Callable[..., Any])
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "debug_enabled", "handle_errors"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "debug_enabled", "exit_interrupted", "handle_errors"]
 
 
 def debug_enabled() -> bool:
@@ -47,6 +47,23 @@ def handle_errors(func: F) -> F:
             raise typer.Exit(EXIT_FAILED) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def exit_interrupted(exc: BaseException, json_out: bool, what: str) -> None:
+    """A signal ended an operation before it had a receipt (kvctl.interrupt): say so, on stdout as
+    JSON with --json, and exit 128 + the signal's number."""
+    from kvctl.interrupt import exit_code_for, signal_of
+
+    name = signal_of(exc) or "SIGINT"
+    code = exit_code_for(name)
+    summary = f"interrupted by {name}: {what}"
+    if json_out:
+        from kvctl.cli.output import print_json
+
+        print_json({"ok": False, "exit_code": code, "interrupted": name, "summary": summary})
+    else:
+        _print_error(summary, None)
+    raise typer.Exit(code)
 
 
 def _print_json_error(exc: KvctlError) -> None:

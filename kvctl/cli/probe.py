@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from kvctl.cli.errors import handle_errors
+from kvctl.cli.errors import exit_interrupted, handle_errors
 from kvctl.cli.options import InventoryOpt, JsonOpt, RunOpt, StateDirOpt, UrlsOpt
 from kvctl.errors import UsageError
 
@@ -46,20 +44,12 @@ def probe(
                            tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
     import asyncio
 
-    from kvctl.interrupt import exit_code_for, interruptible, signal_of
+    from kvctl.interrupt import interruptible
 
     try:  # SIGINT, SIGTERM and SIGHUP end the probe alike: a message and 128 + the signal (it changes nothing)
         report = asyncio.run(interruptible(probe_fleet(fleet, texts, options)))
     except asyncio.CancelledError as exc:
-        name = signal_of(exc) or "SIGINT"
-        summary = f"interrupted by {name}: the probe did not finish, nothing was judged"
-        if json_out:
-            from kvctl.cli import output
-
-            output.print_json({"ok": False, "exit_code": exit_code_for(name), "interrupted": name, "summary": summary})
-        else:
-            print(f"error: {summary}", file=sys.stderr)
-        raise typer.Exit(exit_code_for(name)) from None
+        exit_interrupted(exc, json_out, "the probe did not finish, nothing was judged")
     if json_out:
         from kvctl.cli import output
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from kvctl.cli.errors import handle_errors
+from kvctl.cli.errors import exit_interrupted, handle_errors
 from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, StateDirOpt, UrlsOpt
 from kvctl.errors import UsageError
 
@@ -67,7 +65,7 @@ def reset(
     try:  # SIGINT, SIGTERM and SIGHUP all end in the receipt's "interrupted ..., resumed" (kvctl.interrupt)
         receipt = asyncio.run(interruptible(hard_reset_fleet(fleet, options)))
     except asyncio.CancelledError as exc:  # before anything was paused or reset (the plan, the canaries)
-        _interrupted_early(exc, json_out)
+        exit_interrupted(exc, json_out, "before anything was paused or reset: nothing was changed")
     if json_out:
         from kvctl.cli import output
 
@@ -75,21 +73,6 @@ def reset(
     else:
         _print(receipt)
     raise typer.Exit(receipt.exit_code)
-
-
-def _interrupted_early(exc: BaseException, json_out: bool) -> None:
-    from kvctl.interrupt import exit_code_for, signal_of
-
-    name = signal_of(exc) or "a cancellation"
-    code = exit_code_for(name) if name.startswith("SIG") else 130
-    summary = f"interrupted by {name} before anything was paused or reset: nothing was changed"
-    if json_out:
-        from kvctl.cli import output
-
-        output.print_json({"ok": False, "exit_code": code, "interrupted": name, "summary": summary})
-    else:
-        print(f"error: {summary}", file=sys.stderr)
-    raise typer.Exit(code)
 
 
 def _print(receipt: Any) -> None:

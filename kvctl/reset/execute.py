@@ -130,17 +130,19 @@ def _interrupted(receipt: Receipt, signal_name: str, pausing: bool) -> Receipt:
     """A reset a signal ended early: nothing counts as reset (or verified), and each replica says
     whether kvctl resumed it (its resume op, in its ops)."""
     receipt.exit_code = exit_code_for(signal_name)
+    unconfirmed = []
     for rr in receipt.replicas:
         rr.reset = False
         resumed = next((o for o in rr.ops if o.op == "resume"), None)
-        state = ("resumed" if resumed is not None and resumed.result == "ok" else
-                 f"NOT confirmed resumed: {resumed.error}" if resumed is not None else "not paused by kvctl")
+        if resumed is not None and resumed.result != "ok":
+            unconfirmed.append(rr.name)
+        state = ("not paused by kvctl" if resumed is None else "resumed" if resumed.result == "ok"
+                 else f"NOT confirmed resumed: {resumed.error}")
         rr.error = f"interrupted by {signal_name} before its reset was confirmed; {state}" + \
             (f" ({rr.error})" if rr.error else "")
     receipt.not_reset = [r.name for r in receipt.replicas]
-    paused = "every replica kvctl paused was resumed" if pausing and all(
-        "NOT confirmed" not in (r.error or "") for r in receipt.replicas) else \
-        "see each replica" if pausing else "nothing was paused"
+    paused = ("nothing was paused" if not pausing else "see each replica" if unconfirmed
+              else "every replica kvctl paused was resumed")
     receipt.summary = f"interrupted by {signal_name}: the reset did not finish; {paused}; nothing is verified"
     return receipt
 

@@ -26,9 +26,9 @@ LOCKS = "locks"
 class Busy(Exception):
     """Another process holds the reset lock of a replica."""
 
-    def __init__(self, url: str, holder: str) -> None:
-        super().__init__(f"{url} is being reset by another kvctl ({holder})")
-        self.url, self.holder = url, holder
+    def __init__(self, url: str) -> None:
+        super().__init__(f"{url} is being reset by another kvctl (another process on this machine)")
+        self.url = url
 
 
 @contextmanager
@@ -45,7 +45,7 @@ def reset_lock(urls: list[str], override: str | Path | None = None) -> Iterator[
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
             except OSError:  # EAGAIN / EACCES: held by another process
-                raise Busy(url, "another process on this machine") from None
+                raise Busy(url) from None
         yield
     finally:
         os.close(fd)  # releases every lock this process holds on the file

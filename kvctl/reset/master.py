@@ -176,14 +176,13 @@ async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: Htt
         master.keys_after = mine
         if master.cache_prefix:
             master.others_after = others
-    master.verified = mine == 0
-    if master.verified:
+    if mine == 0:
         master.verified = await _confirm_empty(master, opts, http)
         return
-    if not master.verified:
-        scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"
-        master.error = master.error or (f"{mine} key(s) remain on the master {scope} after the reset"
-                                        + ("" if opts.pausing else " (traffic during the reset writes new ones: use --pause)"))
+    master.verified = False
+    scope = f"under prefix '{master.cache_prefix}'" if master.cache_prefix else "in total"
+    master.error = master.error or (f"{mine} key(s) remain on the master {scope} after the reset"
+                                    + ("" if opts.pausing else " (traffic during the reset writes new ones: use --pause)"))
 
 
 async def _confirm_empty(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> bool:

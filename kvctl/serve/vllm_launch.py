@@ -25,6 +25,9 @@ from kvctl.errors import UsageError
 from kvctl.facts.versions import VLLM_DISTRIBUTIONS
 
 VLLM_PYTHON_ENV = "KVCTL_VLLM_PYTHON"
+# What tools/make_vllm_env.sh reads and writes (keep the two in step).
+BUILT_ENV_VAR = "KVCTL_VLLM_ENV"
+BUILT_ENV_STAMP = ".kvctl-vllm-env.stamp"
 MODULE = "vllm.entrypoints.openai.api_server"
 _PROBE = (
     "import json, importlib.metadata as m\n"
@@ -84,11 +87,6 @@ def built_vllm_env(env: dict[str, str] | None = None) -> Path | None:
         if (folder / BUILT_ENV_STAMP).is_file() and os.access(python, os.X_OK):
             return python
     return None
-
-
-# What tools/make_vllm_env.sh reads and writes (keep the two in step).
-BUILT_ENV_VAR = "KVCTL_VLLM_ENV"
-BUILT_ENV_STAMP = ".kvctl-vllm-env.stamp"
 
 
 def _env_rank(folder: Path) -> tuple[Version, bool]:

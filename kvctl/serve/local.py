@@ -153,7 +153,8 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
         name = f"r{i}"
         gpu = ",".join(gpus[i * per:(i + 1) * per]) if gpus else None
         private = record.path / "replicas" / name
-        env = replica_env(install, base_env, bundle.env, private, spec.host, gpu)
+        env = replica_env(install, base_env, bundle.env, private, spec.host, gpu,
+                          master=record.master.rpc_address if record.master else None)
         if binds[i] is not None:
             env[cpu_binding.BIND_ENV] = binds[i]
         if i < len(spec.replica_env):

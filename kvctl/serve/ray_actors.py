@@ -135,17 +135,14 @@ class ProcessActor:
     def start_replica(self, model: str, kv_transfer_config: dict[str, Any], extra_args: list[str],
                       files: dict[str, str], bundle_env: dict[str, str], cpus: str | None) -> dict[str, Any]:
         """Write the config files, start the replica on this node's IP; returns at once (wait_ready waits)."""
-        from kvctl.serve.vllm_launch import is_loopback, replica_command, replica_env
+        from kvctl.serve.vllm_launch import replica_command, replica_env
 
         config = self.folder / "config"
         config.mkdir(parents=True, exist_ok=True)
         for file, text in files.items():
             (config / Path(file).name).write_text(text, "utf-8")
+        # shows Mooncake the address Ray knows this node by (kvctl.transport.addresses)
         env = replica_env(self.install, _node_env(), bundle_env, self.folder, self.ip, None)
-        if not is_loopback(self.ip):
-            # the address vLLM and Mooncake's transfer engine advertise: the one Ray knows this node by
-            env["VLLM_HOST_IP"] = self.ip
-            env["MC_TCP_BIND_ADDRESS"] = self.ip
         if cpus is not None:
             env[cpu_binding.BIND_ENV] = cpus
         command = replica_command(self.install, model, self.ip, self.port, kv_transfer_config, extra_args)

@@ -23,6 +23,7 @@ from packaging.version import Version
 
 from kvctl.errors import UsageError
 from kvctl.facts.versions import VLLM_DISTRIBUTIONS
+from kvctl.transport.addresses import advertised_address
 
 VLLM_PYTHON_ENV = "KVCTL_VLLM_PYTHON"
 # What tools/make_vllm_env.sh reads and writes (keep the two in step).
@@ -135,9 +136,10 @@ def replica_command(install: VllmInstall, model: str, host: str, port: int, kv_t
 
 
 def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str, str], private_dir: Path,
-                host: str, gpu: str | None) -> dict[str, str]:
+                host: str, gpu: str | None, *, master: str | None = None) -> dict[str, str]:
     """Environment of one replica: the bundle's env (MOONCAKE_CONFIG_PATH, PYTHONHASHSEED,
-    VLLM_SERVER_DEV_MODE), private cache/RPC/temp dirs, loopback addresses, CPU or GPU settings."""
+    VLLM_SERVER_DEV_MODE), private cache/RPC/temp dirs, the address it shows to the master at
+    `master` (None: an embedded one on `host`), CPU or GPU settings."""
     env = {**base, **bundle_env}
     # kvctl reset, pause and server_info need the dev routes, whatever a template says
     env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -148,10 +150,13 @@ def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str
     env["VLLM_RPC_BASE_PATH"] = str(rpc_dir(private_dir))
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
-    if is_loopback(host):
-        # the address Mooncake's transfer engine and vLLM advertise: keep it on loopback
-        env["VLLM_HOST_IP"] = "127.0.0.1"
-        env["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
+    # The address vLLM (get_ip) gives Mooncake as this replica's segment host: loopback for a master on this
+    # machine, the route toward a master elsewhere (kvctl.transport.addresses). MC_TCP_BIND_ADDRESS is the
+    # same address for the master's HTTP metadata mode; under P2PHANDSHAKE Mooncake ignores it, and its
+    # listeners bind every interface whatever it says (docs/serve.md, "What listens where").
+    address = advertised_address(host, master)
+    env["VLLM_HOST_IP"] = address
+    env["MC_TCP_BIND_ADDRESS"] = address
     if install.cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     elif gpu is not None:

@@ -14,12 +14,12 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 
 from kvctl.errors import KvctlError
+from kvctl.transport.addresses import route_address
 
 INSTALL_HINT = "install Mooncake's store client next to kvctl: pip install 'kvctl[mooncake]'"
 # A pure client: no memory contributed to the store, a small transfer buffer.
@@ -80,14 +80,7 @@ def remove_matching(rpc_address: str, pattern: str | None, timeout: float) -> Re
 
 def _local_hostname(master_host: str) -> str:
     """The address this host uses toward the master (loopback for a loopback master)."""
-    if master_host in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((master_host, 9))  # no packet is sent: the kernel picks the route
-            return probe.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
+    return route_address(master_host)
 
 
 def _main(argv: list[str] | None = None) -> int:

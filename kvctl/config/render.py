@@ -209,7 +209,9 @@ def _self_check(bundle: Bundle, version: Version) -> None:
 
     problems = validate_kv_transfer_config(bundle.kv_transfer_config, version)
     if bundle.mooncake is not None:
-        problems += validate_mooncake_config(bundle.mooncake, version)
+        # read as the bundle's own connectors read it (LMCache's Mooncake backend reads other keys than vLLM's)
+        problems += validate_mooncake_config(bundle.mooncake, version,
+                                             readers=tuple(connector_names(bundle.kv_transfer_config)))
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         raise KvctlError(

@@ -18,3 +18,15 @@ def connector_names(kv_transfer_config: dict[str, Any]) -> list[str]:
             if isinstance(child, dict):
                 names.extend(connector_names(child))
     return names
+
+
+# Connectors that move KV from a prefill server (kv_producer) to a decode server (kv_consumer), with a
+# proxy in front that sends each request to both (vLLM 0.32.0 kv_connector/factory.py; P2pNcclConnector in
+# releases before it). A fleet of alike replicas cannot run them.
+DISAGGREGATION_CONNECTORS = frozenset({"MooncakeConnector", "NixlConnector", "NixlPullConnector", "NixlPushConnector",
+                                       "MoRIIOConnector", "P2pNcclConnector"})
+
+
+def disaggregation_connectors(kv_transfer_config: dict[str, Any]) -> list[str]:
+    """The prefill/decode connectors in a layout, MultiConnector children included."""
+    return [n for n in connector_names(kv_transfer_config) if n in DISAGGREGATION_CONNECTORS]

@@ -20,10 +20,12 @@ from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.compat import layout_of
 from kvctl.serve import cpu_binding, procs, runs
 from kvctl.serve.lifecycle import claim_run, stop_run
+from kvctl.serve.mooncake_wheel import check_wheel
 from kvctl.serve.ports import free_port, port_in_use
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
-from kvctl.serve.spec import ServeError, ServeSpec, check_spec
+from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec
 from kvctl.serve.vllm_launch import VllmInstall, find_vllm, gpu_ids, replica_command, replica_env, tensor_parallel_size
+from kvctl.transport.addresses import advertised_address
 
 Event = Callable[..., None]
 
@@ -35,9 +37,11 @@ def start_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
         raise UsageError("a Ray run is started by kvctl.serve.ray_start.start_ray_run")
     emit = on_event or (lambda *a, **k: None)
     check_spec(spec)
+    check_servable(spec)
     if Path(spec.model).expanduser().exists():  # a local folder: absolute, since replicas run elsewhere
         spec.model = str(Path(spec.model).expanduser().resolve())
     install = find_vllm(spec.vllm_python)
+    check_wheel(install)  # a GPU vLLM without the Mooncake wheel its CUDA needs: refused before anything starts
     emit("vllm", install=install)
     name = runs.check_name(spec.name or runs.new_name())
     record = RunRecord(name=name, dir=str(runs.runs_dir(spec.state_dir) / name), state="starting",
@@ -124,6 +128,9 @@ def render_config(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_
     if "cache_prefix" in template.parameters and "cache_prefix" not in overrides:
         # Runs sharing a master are scoped by default: a reset of this run clears only its keys.
         overrides["cache_prefix"] = record.name
+    if "local_hostname" in template.parameters and "local_hostname" not in overrides:
+        # LMCache's Mooncake backend passes mooncake.json's local_hostname to the store's setup()
+        overrides["local_hostname"] = advertised_address(spec.host, record.master.rpc_address if record.master else None)
     bundle_dir = run_dir / "config"
     bundle = render(template, overrides, install.version, f"{install.distribution} at {install.python}",
                     bundle_dir=bundle_dir)

@@ -27,14 +27,14 @@ from packaging.version import Version
 from kvctl._version import __version__
 from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.bundle_layout import BUNDLE_FILES
-from kvctl.serve import ray_fleet, runs
+from kvctl.serve import mooncake_wheel, ray_fleet, runs
 from kvctl.serve.cpu_binding import CpuPlan
 from kvctl.serve.lifecycle import claim_run, stop_run
 from kvctl.serve.local import Event, check_master_reachable, render_config
 from kvctl.serve.procs import ProcessRef
 from kvctl.serve.ray_fleet import Node, RayFleetError
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
-from kvctl.serve.spec import ServeError, ServeSpec, check_spec, remote_admin_refused
+from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec, remote_admin_refused
 from kvctl.serve.vllm_launch import VllmInstall, is_loopback, tensor_parallel_size
 
 PREPARE_TIMEOUT = 300.0  # an actor is scheduled and has looked at its node (a GPU actor may wait for GPUs)
@@ -102,6 +102,7 @@ def start_ray_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
     assert spec.ray is not None
     _check_ray_spec(spec)
     check_spec(spec)
+    check_servable(spec)
     if Path(spec.model).expanduser().exists():  # a local folder: the same path must exist on every node
         spec.model = str(Path(spec.model).expanduser().resolve())
     gcs = ray_fleet.connect(spec.ray)
@@ -127,6 +128,7 @@ def start_ray_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
         ray_fleet.save(record)
         actors, infos = _prepare_replicas(spec, placement, record)
         install = _one_install(infos, placement)
+        _get(mooncake_wheel.node_checks(infos), "the replica nodes' Mooncake wheel", PREPARE_TIMEOUT)
         record.vllm = install.to_dict()
         emit("vllm", install=install)
         bundle = render_config(spec, install, record, record.path)  # the local copy, for reference
@@ -279,7 +281,10 @@ def _start_replicas(spec: ServeSpec, bundle: Any, actors: list[Any], infos: list
         env = dict(bundle.env)
         if "MOONCAKE_CONFIG_PATH" in env and "config_path" not in spec.overrides:
             env["MOONCAKE_CONFIG_PATH"] = str(Path(info["folder"]) / "config" / BUNDLE_FILES["mooncake"])
-        files = dataclasses.replace(bundle, env=env).files()
+        mooncake = bundle.mooncake
+        if mooncake and "local_hostname" in mooncake and "local_hostname" not in spec.overrides:
+            mooncake = {**mooncake, "local_hostname": info["node"]["ip"]}  # LMCache's setup() host, per node
+        files = dataclasses.replace(bundle, env=env, mooncake=mooncake).files()
         calls.append(actor.start_replica.remote(spec.model, bundle.kv_transfer_config, spec.extra_args, files,
                                                 env, bind))
     started = _get(calls, "starting the replicas", PREPARE_TIMEOUT)

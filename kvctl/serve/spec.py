@@ -84,8 +84,34 @@ def check_spec(spec: ServeSpec) -> None:
         raise UsageError(f"--master {spec.master}: give 'embedded' or the master's RPC address HOST:PORT")
 
 
+def check_servable(spec: ServeSpec) -> None:
+    """kvctl serve starts alike replicas of one kv_transfer_config; a prefill/decode layout needs two roles,
+    a bootstrap port per prefill server and a proxy, so it is refused here and kept for `config render`."""
+    from kvctl.config import templates
+    from kvctl.facts.kv_transfer import disaggregation_connectors
+
+    template = templates.load(spec.template, spec.template_path)
+    paired = disaggregation_connectors(template.kv_transfer_config)
+    if paired:
+        raise UsageError(
+            f"template {template.name} uses {', '.join(dict.fromkeys(paired))}, a prefill/decode connector: it needs "
+            "a producer and a consumer server per pair, a bootstrap port per prefill server and a proxy in front, "
+            "and kvctl serve starts alike replicas of one role",
+            f"render each side with `kvctl config render {template.name} --set role=producer` (and "
+            "role=consumer) and start the pair with vLLM's proxy (docs/gpu.md, \"Prefill/decode\"); kvctl serve runs "
+            "mooncake-store, mooncake-store-standalone and lmcache-mooncake")
+
+
 def remote_admin_refused(what: str, fix: str) -> UsageError:
     """Dev-mode routes have no authentication: binding them beyond loopback needs explicit consent."""
     return UsageError(
-        f"{what} would expose the replicas' dev-mode routes (reset, pause, server_info) and the master's admin "
-        "port beyond this machine; they have no authentication (--api-key guards only /v1)", fix)
+        f"{what} would expose the replicas' dev-mode routes beyond this machine: {DEV_MODE_ROUTES}, and the "
+        "master's admin port; none of them has authentication (--api-key guards only /v1)", fix)
+
+
+# What VLLM_SERVER_DEV_MODE=1 opens (vLLM 0.32.0: entrypoints/serve/dev/*/api_router.py and
+# entrypoints/rl/, registered in entrypoints/launchers/api_server/routers.py:40): kvctl needs the
+# reset, pause and server_info routes, and with them comes the rest.
+DEV_MODE_ROUTES = ("/collective_rpc (any method on every worker, e.g. reload_weights from a path), /update_weights "
+                   "and the weight-transfer routes, /sleep, /wake_up, /pause, /resume, /abort_requests, "
+                   "/reset_prefix_cache, /reset_mm_cache, /reset_encoder_cache, /server_info")

@@ -222,8 +222,12 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
     if record is not None:
         replicas += [Replica(r.url, r.name) for r in record.replicas]
         recorded = record.master
-        inv_master = (recorded.admin_address,) if recorded and recorded.admin_address else ()
-        inv_rpc = (recorded.rpc_address,) if recorded and recorded.rpc_address else ()
+        where = f"run {record.name}'s master ({RUN_FILE_HINT})"
+        # an HA group's record holds every master's admin address, comma-separated, and its etcd address,
+        # which is no master's RPC port (the leader reports its own)
+        inv_master = normalize_masters(recorded.admin_address, where) if recorded and recorded.admin_address else ()
+        inv_rpc = (recorded.rpc_address,) if recorded and recorded.rpc_address and "://" not in recorded.rpc_address \
+            else ()
         cache_prefix = check_cache_prefix(record.cache_prefix, f"run {record.name}'s record ({RUN_FILE_HINT})")
         sources.append(f"--run {record.name}")
     if inventory is not None:

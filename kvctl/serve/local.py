@@ -23,7 +23,7 @@ from kvctl.serve.lifecycle import claim_run, stop_run
 from kvctl.serve.mooncake_wheel import check_wheel
 from kvctl.serve.ports import free_port, port_in_use
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
-from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec
+from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec, master_endpoints
 from kvctl.serve.vllm_launch import VllmInstall, find_vllm, gpu_ids, replica_command, replica_env, tensor_parallel_size
 from kvctl.transport.addresses import advertised_address
 
@@ -94,7 +94,7 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
 
     if spec.master != "embedded":
         check_master_reachable(spec.master)
-        return MasterRecord(False, spec.master, spec.master_admin)
+        return MasterRecord(False, spec.master, master_admin_of(spec))
     emit("master_starting")
     extra: list[str] = []
     if spec.metadata == "http":
@@ -209,15 +209,32 @@ def _wait_healthy(record: RunRecord, timeout: float, emit: Event) -> None:
                 time.sleep(0.5)
 
 
-def check_master_reachable(rpc_address: str, timeout: float = 3.0) -> None:
-    """Fail fast: vLLM itself waits ~100 s before it gives up on an unreachable master."""
-    host, _, port = rpc_address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
-    except (OSError, ValueError) as exc:
-        raise ServeError(f"the Mooncake master at {rpc_address} is unreachable ({exc})",
-                         "start it first, check --master HOST:PORT (its RPC port), or use --master embedded") from None
+def master_admin_of(spec: ServeSpec) -> str | None:
+    """--master-admin as the run records it: one master's admin HOST:PORT, or an HA group's, comma-separated."""
+    if not spec.master_admin:
+        return None
+    parts = [p.strip() for p in spec.master_admin.replace(" ", ",").split(",") if p.strip()]
+    for part in parts:
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--master-admin {spec.master_admin}: '{part}' is not HOST:PORT",
+                             "give the master's admin/metrics port, e.g. 127.0.0.1:9003 (an HA group: every "
+                             "master's, comma-separated)")
+    return ",".join(parts)
+
+
+def check_master_reachable(master: str, timeout: float = 3.0) -> None:
+    """Fail fast: vLLM itself waits ~100 s before it gives up on an unreachable master. An HA group's
+    etcd endpoints: every one must answer (Mooncake's clients are given them all)."""
+    for host, port in master_endpoints(master):
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                pass
+        except OSError as exc:
+            what = "etcd endpoint" if master.startswith("etcd://") else "Mooncake master"
+            raise ServeError(f"the {what} at {host}:{port} is unreachable ({exc})",
+                             "start it first, check --master (the master's RPC port, or etcd://HOST:PORT of an HA "
+                             "group), or use --master embedded") from None
 
 
 def _url_host(host: str) -> str:

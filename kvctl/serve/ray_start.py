@@ -30,7 +30,7 @@ from kvctl.facts.bundle_layout import BUNDLE_FILES
 from kvctl.serve import mooncake_wheel, ray_fleet, runs
 from kvctl.serve.cpu_binding import CpuPlan
 from kvctl.serve.lifecycle import claim_run, stop_run
-from kvctl.serve.local import Event, check_master_reachable, render_config
+from kvctl.serve.local import Event, check_master_reachable, master_admin_of, render_config
 from kvctl.serve.procs import ProcessRef
 from kvctl.serve.ray_fleet import Node, RayFleetError
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
@@ -220,7 +220,7 @@ def _get(refs: Any, what: str, timeout: float) -> Any:
 def _start_master(spec: ServeSpec, placement: Placement, record: RunRecord, emit: Event) -> MasterRecord:
     if placement.master is None:
         check_master_reachable(spec.master)  # from here; every node must reach it too
-        return MasterRecord(False, spec.master, spec.master_admin)
+        return MasterRecord(False, spec.master, master_admin_of(spec))
     emit("master_starting", node=placement.master)
     actor = _actor(record, "master", placement.master, 0)
     info = _get(actor.start_master.remote(), f"the Mooncake master on node {placement.master.short}",

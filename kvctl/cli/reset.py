@@ -30,7 +30,7 @@ def reset(
     pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (it waits for in-flight requests); tried twice at most. When a pause fails, every replica that paused is resumed at once and nothing is reset.")] = 120.0,
     whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
     clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped (puts still in flight, replication tasks).")] = 15.0,
-    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: after the reset, check these prompts by content (kvctl probe: as is vs computed fresh with a cache_salt); only a match verifies (STALE and inconclusive fail it). One prompt a line, or JSONL.")] = None,
+    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: after the reset, check these prompts by content (kvctl probe: as is vs computed fresh with a cache_salt); only a match verifies (STALE and inconclusive fail it). Log-probabilities may differ by each replica's own tolerance, from its dtype (GET /server_info): 1e-3 in float32, 0.25 in bfloat16/float16 or when unknown. One prompt a line, or JSONL.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
@@ -176,8 +176,11 @@ def _print_results(receipt: Any) -> None:
     for r in receipt.replicas:
         if r.probe is not None:
             style = {"match": "green", "STALE": "bold red"}.get(r.probe["verdict"], "yellow")
+            error, tolerance = r.probe["error"], r.probe.get("tolerance")
             output.show(f"probe {escape(r.name)}: [{style}]{r.probe['verdict']}[/] over "
-                        f"{len(r.probe['results'])} prompt(s)" + (f" ({escape(r.probe['error'])})" if r.probe["error"] else ""))
+                        f"{len(r.probe['results'])} prompt(s)" + (f" ({escape(error)})" if error else "")
+                        + ("" if tolerance is None else
+                           f" [dim](tolerance {tolerance:g}: {escape(r.probe.get('tolerance_reason') or '')})[/]"))
     for r in receipt.replicas:
         if r.error:
             output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")

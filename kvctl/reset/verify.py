@@ -160,4 +160,5 @@ async def probe_after(live: list[ReplicaPlan], by_name: dict[str, Replica], opts
         return
     for replica in report.replicas:
         receipts[replica.name].probe = {"verdict": replica.verdict, "error": replica.error, "hint": replica.hint,
+                                        "tolerance": replica.tolerance, "tolerance_reason": replica.tolerance_reason,
                                         "results": [asdict(r) for r in replica.results]}

@@ -71,6 +71,7 @@ V_RESET_MM_ROUTE = (0, 11, 1)            # POST /reset_mm_cache (dev)
 V_PAUSE_ROUTES = (0, 12, 0)              # /pause /resume /is_paused
 V_RESET_PARAMS = (0, 13, 0)              # reset_running_requests / reset_external honoured
 V_SERVER_INFO_ROUTE = (0, 11, 0)         # GET /server_info?config_format= (dev; vllm_facts.json)
+V_SERVER_INFO_ENV = (0, 14, 0)           # /server_info also lists vllm_env (the VLLM_* settings)
 V_MULTI_CONNECTOR_RESET = (0, 13, 0)     # MultiConnector.reset_cache resets children
 V_MOONCAKE_P2P_CONNECTOR = (0, 13, 0)    # v1 MooncakeConnector exists
 V_KV_LOAD_FAILURE_POLICY = (0, 13, 0)
@@ -179,6 +180,9 @@ class VllmDouble(DoubleServer):
         pause_timeout: how long ``/v1/completions`` waits while paused before answering 503.
         kv_transfer_config: the full config to report in ``/server_info``; when given, the
             connector, children, ``kv_role`` and ``cache_prefix`` are read from it instead.
+        dtype, device: ``model_config.dtype`` and ``device_config.device`` in ``/server_info``,
+            as vLLM dumps them (``"torch.bfloat16"``: a torch.dtype through ``fallback=str``).
+        vllm_env: ``VLLM_*`` settings ``/server_info`` lists (from 0.14.0) over the defaults.
         faults: a :class:`Faults`.
 
     State: ``calls``, ``paused``, ``pause_mode``, ``local_blocks`` (set of block hashes),
@@ -208,6 +212,9 @@ class VllmDouble(DoubleServer):
         kv_transfer_config: dict[str, Any] | None = None,
         faults: Faults | None = None,
         name: str | None = None,
+        dtype: str = "torch.float32",
+        device: str | None = "cpu",
+        vllm_env: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(faults, name)
         self.version = version
@@ -222,6 +229,8 @@ class VllmDouble(DoubleServer):
         self.api_key = api_key
         self.healthy = healthy
         self.pause_timeout = float(pause_timeout)
+        self.dtype, self.device = dtype, device
+        self.vllm_env = dict(vllm_env or {})
         self.engine_id = str(uuid.uuid4())
         self.created = int(time.time())
         self.start_time = time.time()
@@ -626,10 +635,11 @@ class VllmDouble(DoubleServer):
         config = self.vllm_config()
         if fmt == "text":
             return web.json_response({"vllm_config": _config_text(config)})
-        return web.json_response({
-            "vllm_config": config,
-            "vllm_env": {"VLLM_SERVER_DEV_MODE": self.dev_mode},
-        })
+        info: dict[str, Any] = {"vllm_config": config}
+        if self.v >= V_SERVER_INFO_ENV:  # vLLM lists every VLLM_* setting that is not None
+            info["vllm_env"] = {"VLLM_SERVER_DEV_MODE": self.dev_mode, "VLLM_BATCH_INVARIANT": False,
+                                "VLLM_FLOAT32_MATMUL_PRECISION": "highest", **self.vllm_env}
+        return web.json_response(info)
 
     def vllm_config(self) -> dict[str, Any]:
         """The (trimmed) ``VllmConfig`` as ``/server_info?config_format=json`` reports it."""
@@ -637,8 +647,9 @@ class VllmDouble(DoubleServer):
             "model_config": {
                 "model": self.model, "served_model_name": self.model,
                 "tokenizer": self.model, "max_model_len": self.max_model_len,
-                "dtype": "float32", "seed": 0,
+                "dtype": self.dtype, "seed": 0,
             },
+            "device_config": {"device": self.device},
             "cache_config": self._cache_config(),
             "parallel_config": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1,
                                 "data_parallel_size": 1},

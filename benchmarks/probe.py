@@ -5,7 +5,7 @@ Starts a 2-replica stack (kvctl serve, the tiny local model, loopback) and, for 
   cross:  replica B serves the prompt from A's block through Mooncake (plain) vs computes it fresh
           (salted) -- what kvctl probe compares on equal weights;
 and times kvctl probe per prompt. The largest log-probability difference sets kvctl's tolerance
-(kvctl/reset/probe.py DEFAULT_TOLERANCE). Writes benchmarks/probe.json.
+(kvctl/reset/tolerance.py FP32_TOLERANCE: the fp32 value). Writes benchmarks/probe.json.
 
     python benchmarks/probe.py --vllm-python PY --model DIR [--prompts 20]
 """

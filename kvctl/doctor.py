@@ -177,12 +177,18 @@ def check_vllm_script(install: VllmInstall) -> Check:
 
 
 def check_accelerator(install: VllmInstall | None, env: Mapping[str, str]) -> Check:
-    from kvctl.serve.vllm_launch import gpu_ids
+    from kvctl.errors import UsageError
+    from kvctl.serve.gpus import describe, visible_gpus
 
-    gpus = gpu_ids(dict(env))
+    try:  # no compute-apps query here: which GPUs exist, not who uses them
+        gpus = visible_gpus(env, required=install is not None and not install.cpu)
+    except UsageError as exc:  # nvidia-smi failed (its output is in the message), or a GPU build has none
+        if install is not None and install.cpu:
+            return Check("accelerator", "warn", f"{exc.message}; {install.distribution} is a CPU build: it does "
+                                                "not need the GPUs", exc.hint)
+        return Check("accelerator", "fail", exc.message, exc.hint)
     where = "CUDA_VISIBLE_DEVICES" if env.get("CUDA_VISIBLE_DEVICES") is not None else "nvidia-smi"
-    found = f"{len(gpus)} NVIDIA GPU(s) ({where}: {','.join(gpus)})" if gpus else \
-        f"no NVIDIA GPU ({where}): CPU only"
+    found = f"{describe(gpus)} (from {where})" if gpus else f"no NVIDIA GPU ({where}): CPU only"
     if install is None:
         return Check("accelerator", "ok", found)
     if gpus and install.cpu:

@@ -24,7 +24,8 @@ from kvctl.serve.mooncake_wheel import check_wheel
 from kvctl.serve.ports import free_port, port_in_use
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec, master_endpoints
-from kvctl.serve.vllm_launch import VllmInstall, find_vllm, gpu_ids, replica_command, replica_env, tensor_parallel_size
+from kvctl.serve.gpus import allocate, held_by_runs
+from kvctl.serve.vllm_launch import VllmInstall, find_vllm, replica_command, replica_env, tensor_parallel_size
 from kvctl.transport.addresses import advertised_address
 
 Event = Callable[..., None]
@@ -146,11 +147,9 @@ def render_config(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_
 def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: list[int], record: RunRecord,
                     emit: Event) -> None:
     base_env = dict(os.environ)
-    gpus = [] if install.cpu else gpu_ids(base_env)
     per = tensor_parallel_size(spec.extra_args)
-    if gpus and len(gpus) < spec.replicas * per:
-        raise UsageError(f"{spec.replicas} replica(s) x {per} GPU(s) need {spec.replicas * per} GPUs; "
-                         f"this machine shows {len(gpus)}", "lower --replicas or the tensor parallel size")
+    # one CUDA_VISIBLE_DEVICES per GPU replica, off the GPUs live kvctl runs or other processes use
+    gpus = None if install.cpu else allocate(spec.replicas, per, base_env, held_by_runs(spec.state_dir, record.name))
     binds: list[str | None] = [None] * spec.replicas
     if install.cpu:
         cpu_plan = cpu_binding.plan(spec.replicas, base_env)
@@ -158,7 +157,7 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
         emit("cpu_binding", plan=cpu_plan)
     for i, port in enumerate(ports):
         name = f"r{i}"
-        gpu = ",".join(gpus[i * per:(i + 1) * per]) if gpus else None
+        gpu = gpus[i] if gpus else None
         private = record.path / "replicas" / name
         env = replica_env(install, base_env, bundle.env, private, spec.host, gpu,
                           master=record.master.rpc_address if record.master else None)

@@ -30,7 +30,7 @@ from typing import Any
 
 import ray
 
-from kvctl.serve import cpu_binding, procs, runs
+from kvctl.serve import cpu_binding, gpus, procs, runs
 from kvctl.serve.ports import free_port
 from kvctl.serve.procs import ProcessRef
 from kvctl.serve.spec import ServeError
@@ -151,7 +151,7 @@ class ProcessActor:
         host = f"[{self.ip}]" if ":" in self.ip else self.ip
         self.url = f"http://{host}:{self.port}"
         return {"url": self.url, "port": self.port, "process": self.ref.to_dict(), "log": str(self.log),
-                "node": self.node(), "gpu": None if self.install.cpu else env.get("CUDA_VISIBLE_DEVICES"),
+                "node": self.node(), "gpu": None if self.install.cpu else gpus.normalized(env.get(gpus.VISIBLE_ENV)),
                 "cpus": env.get(cpu_binding.BIND_ENV) if self.install.cpu else None}
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:

@@ -161,6 +161,8 @@ def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+        # kvctl.serve.gpus gives nvidia-smi's indices (PCI bus order); CUDA's own default is fastest first
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
 
 
@@ -172,21 +174,6 @@ def rpc_dir(private_dir: Path) -> Path:
     folder = Path(tempfile.gettempdir()) / f"kvctl-rpc-{digest}"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     return folder
-
-
-def gpu_ids(base: dict[str, str]) -> list[str]:
-    """GPUs this machine offers (respecting CUDA_VISIBLE_DEVICES); [] on a CPU-only machine."""
-    visible = base.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip()]
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return []
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
 
 
 def tensor_parallel_size(extra_args: list[str]) -> int:

@@ -6,7 +6,7 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID. This compares, for several CUDA_VISIBLE_DEVICES va
 GPU 0's UUID, a prefix of it, ""), what `visible_gpus(env)` returns with what torch enumerates in a
 fresh process under the same environment (CUDA fixes its device list at the first CUDA call, so one
 process per value): the count and the UUIDs in order. Then it checks that the value `allocate(1, 1, env)`
-gives a replica makes torch see exactly the GPU kvctl meant, and that a process computing on a GPU
+gives a replica makes torch see exactly the GPU kvctl meant, and that a process computing on GPU 0
 (`nvidia-smi --query-compute-apps`) keeps allocate() off it.
 
 Imports only kvctl.serve.gpus (stdlib only; psutil lazily, for allocate() with a process on the GPU)
@@ -136,11 +136,12 @@ def check_allocate(report: Report, gpus: Any, python: str, base: dict[str, str],
                f"kvctl meant {wanted}", value=value, torch=seen)
 
 
-def check_busy(report: Report, gpus: Any, python: str, base: dict[str, str], count: int) -> None:
-    """A process with a CUDA context on every GPU: allocate() must refuse and name it."""
+def check_busy(report: Report, gpus: Any, python: str, base: dict[str, str], devices: list[dict[str, Any]]) -> None:
+    """A process with a CUDA context on GPU 0: nvidia-smi lists it, allocate() for every GPU refuses and
+    names it, and (with more GPUs) allocate() for the others leaves GPU 0 out."""
     env = env_with(base, None)
     holder = subprocess.Popen([python, "-c", HOLD_GPU], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=env_with(base, None))
+                              env=env)
     try:
         ready = holder.stdout.readline().strip() if holder.stdout else ""
         if ready != "ready":
@@ -148,14 +149,22 @@ def check_busy(report: Report, gpus: Any, python: str, base: dict[str, str], cou
             return
         apps = _settle(gpus, env, holder.pid)
         report.add("compute apps", any(pid == holder.pid for _, pid, _ in apps),
-                   f"nvidia-smi --query-compute-apps shows {apps or 'nothing'} (holder pid {holder.pid})",
+                   f"nvidia-smi --query-compute-apps shows {apps or 'nothing'} (holder pid {holder.pid} on GPU 0)",
                    apps=[list(a) for a in apps])
+        count = len(devices)
         try:
             values = gpus.allocate(count, 1, env)
-            report.add("allocate with every GPU busy", False, f"allocate({count}, 1) gave {values}: it should refuse")
+            report.add("allocate with GPU 0 busy", False, f"allocate({count}, 1) gave {values}: it should refuse")
         except Exception as exc:  # noqa: BLE001
             refused = type(exc).__name__ == "UsageError" and str(holder.pid) in str(exc)
-            report.add("allocate with every GPU busy", refused, f"{type(exc).__name__}: {exc}")
+            report.add("allocate with GPU 0 busy", refused, f"allocate({count}, 1): {type(exc).__name__}: {exc}")
+        if count > 1:
+            try:
+                values = gpus.allocate(count - 1, 1, env)
+                report.add("allocate around GPU 0", devices[0]["cuda_id"] not in values,
+                           f"allocate({count - 1}, 1) gave {values}")
+            except Exception as exc:  # noqa: BLE001
+                report.add("allocate around GPU 0", False, f"{type(exc).__name__}: {exc}")
     finally:
         holder.kill()
         holder.wait()
@@ -191,7 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     devices = check_views(report, gpus, args.python, base)
     if devices:
         check_allocate(report, gpus, args.python, base, devices[0])
-        check_busy(report, gpus, args.python, base, len(devices))
+        check_busy(report, gpus, args.python, base, devices)
     failed = [c["name"] for c in report.checks if c["ok"] is False]
     summary = f"{len(devices)} GPU(s); " + (f"differs: {', '.join(failed)}" if failed else "kvctl and torch agree")
     return {"part": "discovery", "status": "failed" if failed else "ok", "summary": summary, "checks": report.checks}

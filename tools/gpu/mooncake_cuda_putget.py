@@ -455,7 +455,11 @@ def child(args: argparse.Namespace) -> int:
         progress.emit(event="done", status="failed", summary=f"setup returned {rc!r}")
         return 0
     nbytes = max(sizes["object_mb"], sizes["batch"] * sizes["batch_mb"]) * MB
-    buffers = TorchBuffers(torch, nbytes, 1, device) if torch is not None else HostBuffers(nbytes, seed=1)
+    buffers = progress.op(f"allocate 2 x {nbytes // MB} MiB ({device})", lambda: TorchBuffers(
+        torch, nbytes, 1, device) if torch is not None else HostBuffers(nbytes, seed=1), lambda _: True)
+    if isinstance(buffers, Exception):
+        progress.emit(event="done", status="failed", summary=f"allocating the buffers: {buffers}")
+        return 0
     failed = exercise(store, buffers, sizes, progress, args.child)
     progress.op("close", store.close, lambda rc: rc in (0, None))
     if failed:

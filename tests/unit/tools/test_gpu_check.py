@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,18 +166,22 @@ def discovery(env: dict[str, str], tmp_path: Path) -> dict:
     return json.loads((tmp_path / "d.json").read_text())
 
 
-def test_discovery_agrees_with_torch_when_kvctl_is_right(tmp_path: Path) -> None:
-    result = discovery(gpu_doubles(tmp_path, TWO_H200), tmp_path)
+@pytest.mark.parametrize("count", [1, 2])  # the lent machine has one GPU
+def test_discovery_agrees_with_torch_when_kvctl_is_right(tmp_path: Path, count: int) -> None:
+    result = discovery(gpu_doubles(tmp_path, {"gpus": TWO_H200["gpus"][:count]}), tmp_path)
     checks = {c["name"]: c for c in result["checks"]}
     assert result["status"] == "ok", json.dumps(result["checks"], indent=1)
-    assert result["summary"] == "2 GPU(s); kvctl and torch agree"
+    assert result["summary"] == f"{count} GPU(s); kvctl and torch agree"
     assert set(checks) == {"import kvctl.serve.gpus", "CUDA_VISIBLE_DEVICES unset", 'CUDA_VISIBLE_DEVICES="0"',
                            f"CUDA_VISIBLE_DEVICES=GPU 0's UUID {UUIDS[0]}",
                            f"CUDA_VISIBLE_DEVICES=a UUID prefix {UUIDS[0][:12]}", 'CUDA_VISIBLE_DEVICES="" (no GPU)',
-                           "allocate(1, 1)", "compute apps", "allocate with every GPU busy"}
-    assert checks["CUDA_VISIBLE_DEVICES unset"]["torch"]["count"] == 2
+                           "allocate(1, 1)", "compute apps", "allocate with GPU 0 busy",
+                           *(["allocate around GPU 0"] if count > 1 else [])}
+    assert checks["CUDA_VISIBLE_DEVICES unset"]["torch"]["count"] == count
     assert checks["allocate(1, 1)"]["value"] == "0"
-    assert "computes on it" in checks["allocate with every GPU busy"]["detail"]
+    assert "computes on it" in checks["allocate with GPU 0 busy"]["detail"]
+    if count > 1:
+        assert checks["allocate around GPU 0"]["detail"] == "allocate(1, 1) gave ['1']"
 
 
 def test_discovery_reports_when_torch_sees_another_order(tmp_path: Path) -> None:
@@ -205,7 +208,7 @@ os.kill(os.getpid(), signal.SIGSEGV)
 
 @pytest.mark.parametrize(("mode", "status", "summary"), [
     ("crash", "crashed", "killed by SIGSEGV (in get_into)"),
-    ("hang", "timeout", "no answer within 1 s (in get_into)"),
+    ("hang", "timeout", "no answer within 3 s (in get_into)"),
 ])
 def test_a_variant_that_dies_in_an_op_is_reported_with_the_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  mode: str, status: str, summary: str) -> None:
@@ -214,7 +217,7 @@ def test_a_variant_that_dies_in_an_op_is_reported_with_the_op(tmp_path: Path, mo
     double.write_text(CHILD_DOUBLE)
     monkeypatch.setattr(putget, "__file__", str(double))
     monkeypatch.setenv("CHILD_DOUBLE", mode)
-    args = putget.argparse.Namespace(master="127.0.0.1:1", quick=True, variant_timeout=1.0)
+    args = putget.argparse.Namespace(master="127.0.0.1:1", quick=True, variant_timeout=3.0)
     result = putget.run_variant("cuda-tcp", args, tmp_path)
     assert (result["status"], result["summary"]) == (status, summary)
     assert result["MC_STORE_MEMCPY"] == "0" and [op["op"] for op in result["ops"]] == ["setup"]
@@ -264,4 +267,3 @@ def test_the_script_runs_the_cpu_baseline_and_stops_its_master(tmp_path: Path, m
     assert len(stopped) == 1
     pid = int(stopped[0].split("pid ")[1].split(")")[0])
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-    assert shutil.which("bash")

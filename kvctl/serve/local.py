@@ -25,7 +25,8 @@ from kvctl.serve.ports import free_port, port_in_use
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec, master_endpoints
 from kvctl.serve.gpus import allocate, held_by_runs
-from kvctl.serve.vllm_launch import VllmInstall, find_vllm, replica_command, replica_env, tensor_parallel_size
+from kvctl.serve.parallel import dp_rpc_ports, parallel_layout
+from kvctl.serve.vllm_launch import VllmInstall, find_vllm, replica_command, replica_env
 from kvctl.transport.addresses import advertised_address
 
 Event = Callable[..., None]
@@ -147,7 +148,8 @@ def render_config(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_
 def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: list[int], record: RunRecord,
                     emit: Event) -> None:
     base_env = dict(os.environ)
-    per = tensor_parallel_size(spec.extra_args)
+    layout = parallel_layout(spec.extra_args)
+    per, dp_ports = layout.gpus_per_replica, dp_rpc_ports(layout, ports)  # a DP replica's own RPC port
     # one CUDA_VISIBLE_DEVICES per GPU replica, off the GPUs live kvctl runs or other processes use
     gpus = None if install.cpu else allocate(spec.replicas, per, base_env, held_by_runs(spec.state_dir, record.name))
     binds: list[str | None] = [None] * spec.replicas
@@ -165,7 +167,8 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
             env[cpu_binding.BIND_ENV] = binds[i]
         if i < len(spec.replica_env):
             env.update(spec.replica_env[i])
-        command = replica_command(install, spec.model, spec.host, port, bundle.kv_transfer_config, spec.extra_args)
+        command = replica_command(install, spec.model, spec.host, port, bundle.kv_transfer_config, spec.extra_args,
+                                  dp_rpc_port=dp_ports[i])
         log = record.path / "logs" / f"{name}.log"
         _, ref = procs.spawn(command, env, log, f"replica {name}", cwd=private)
         try:  # recorded before anything else can interrupt: stop_run must know every process

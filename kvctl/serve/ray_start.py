@@ -35,7 +35,8 @@ from kvctl.serve.procs import ProcessRef
 from kvctl.serve.ray_fleet import Node, RayFleetError
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec, remote_admin_refused
-from kvctl.serve.vllm_launch import VllmInstall, is_loopback, tensor_parallel_size
+from kvctl.serve.parallel import parallel_layout
+from kvctl.serve.vllm_launch import VllmInstall, is_loopback
 
 PREPARE_TIMEOUT = 300.0  # an actor is scheduled and has looked at its node (a GPU actor may wait for GPUs)
 
@@ -57,8 +58,8 @@ def place(nodes: list[Node], replicas: int, gpus_per_replica: int = 1, master_re
     """Where each process runs. The master: on the head node, or on a node that has the custom
     resource `master_resource`. Replicas, round-robin over the nodes (workers first, the head last,
     so a small fleet leaves the head to the master): on a cluster with GPUs only GPU nodes, as many
-    replicas on each as it has GPUs / `gpus_per_replica` (the tensor parallel size); on a CPU-only
-    cluster every node, as many as asked."""
+    replicas on each as it has GPUs / `gpus_per_replica` (kvctl.serve.parallel: TP x PP x PCP x DP);
+    on a CPU-only cluster every node, as many as asked."""
     if not nodes:
         raise RayFleetError("the Ray cluster has no alive node", "check it with `ray status`")
     master = _master_node(nodes, master_resource) if embedded_master else None
@@ -71,7 +72,7 @@ def place(nodes: list[Node], replicas: int, gpus_per_replica: int = 1, master_re
     if sum(slots.values()) < replicas:
         raise UsageError(f"{replicas} replica(s) x {per} GPU(s) do not fit the cluster's GPU nodes: "
                          + ", ".join(f"{n.ip} {n.gpus} GPU(s)" for n in gpu_nodes),
-                         "lower --replicas or the tensor parallel size, or add GPU nodes")
+                         "lower --replicas or the parallel sizes after -- (-tp, -pp, -pcp, -dp), or add GPU nodes")
     chosen: list[Node] = []
     while len(chosen) < replicas:
         for n in gpu_nodes:
@@ -106,7 +107,7 @@ def start_ray_run(spec: ServeSpec, on_event: Event | None = None) -> RunRecord:
     if Path(spec.model).expanduser().exists():  # a local folder: the same path must exist on every node
         spec.model = str(Path(spec.model).expanduser().resolve())
     gcs = ray_fleet.connect(spec.ray)
-    placement = place(ray_fleet.nodes(), spec.replicas, tensor_parallel_size(spec.extra_args),
+    placement = place(ray_fleet.nodes(), spec.replicas, parallel_layout(spec.extra_args).gpus_per_replica,
                       spec.ray_master_resource, embedded_master=spec.master == "embedded")
     exposed = sorted({n.ip for n in placement.nodes if not is_loopback(n.ip)})
     if exposed and not spec.allow_remote_admin:

@@ -23,6 +23,7 @@ from packaging.version import Version
 
 from kvctl.errors import UsageError
 from kvctl.facts.versions import VLLM_DISTRIBUTIONS
+from kvctl.serve.vllm_args import read_args
 from kvctl.transport.addresses import advertised_address
 
 VLLM_PYTHON_ENV = "KVCTL_VLLM_PYTHON"
@@ -122,8 +123,9 @@ def _probe(exe: str, source: str) -> VllmInstall:
 
 
 def replica_command(install: VllmInstall, model: str, host: str, port: int, kv_transfer_config: dict[str, Any],
-                    extra_args: list[str]) -> list[str]:
-    """The command line of one replica; user args after `--` come last (they win)."""
+                    extra_args: list[str], *, dp_rpc_port: int | None = None) -> list[str]:
+    """The command line of one replica; user args after `--` come last (they win). dp_rpc_port: this
+    replica's own --data-parallel-rpc-port (kvctl.serve.parallel.dp_rpc_ports), else vLLM's 29550."""
     return [
         install.python, "-m", MODULE,
         "--model", model, "--host", host, "--port", str(port),
@@ -131,6 +133,7 @@ def replica_command(install: VllmInstall, model: str, host: str, port: int, kv_t
         "--enable-prefix-caching",
         # per-request cached-token counts: kvctl reset --verify's canary signal
         "--enable-prompt-tokens-details",
+        *(["--data-parallel-rpc-port", str(dp_rpc_port)] if dp_rpc_port is not None else []),
         *extra_args,
     ]
 
@@ -176,17 +179,6 @@ def rpc_dir(private_dir: Path) -> Path:
     return folder
 
 
-def tensor_parallel_size(extra_args: list[str]) -> int:
-    """--tensor-parallel-size / -tp from the pass-through args (GPUs per replica)."""
-    for i, arg in enumerate(extra_args):
-        for flag in ("--tensor-parallel-size", "-tp"):
-            if arg == flag and i + 1 < len(extra_args):
-                return int(extra_args[i + 1])
-            if arg.startswith(flag + "="):
-                return int(arg.split("=", 1)[1])
-    return 1
-
-
 def is_loopback(host: str) -> bool:
     """True only for loopback addresses, and names that resolve to nothing else ('127.evil.example' is
     a name, not an address)."""
@@ -215,47 +207,19 @@ OWNED_FLAGS = {"--host": "--host", "--port": "--base-port", "--kv-transfer-confi
 
 def owned_flags_in(extra_args: list[str]) -> list[tuple[str, str]]:
     """(flag as given, kvctl option to use instead) for each argument vLLM's parser would read as one
-    of OWNED_FLAGS. vLLM 0.32's FlexibleArgumentParser reads `--kv_transfer_config` as
-    `--kv-transfer-config` (underscores), `--kv-transfer-config.kv_connector_extra_config.x=1` as a
-    field of it (dotted), `--ho=0.0.0.0` as `--host` (argparse takes an unambiguous prefix), and
-    `--config FILE` as every key of that YAML file: each of these is checked, not just the exact flag."""
+    of OWNED_FLAGS (kvctl.serve.vllm_args reads them as vLLM 0.32's FlexibleArgumentParser does):
+    `--kv_transfer_config` (underscores), `--kv-transfer-config.kv_connector_extra_config.x=1` (a field
+    of it), `--ho=0.0.0.0` (argparse takes an unambiguous prefix), and the keys of a `--config FILE`
+    YAML, of `--config=FILE` and `--conf FILE` too (vLLM 0.32 loads neither; a check that must not miss
+    one another release loads)."""
     found = []
-    for given, name in _vllm_option_names(extra_args):
+    for arg in read_args(extra_args, every_config_form=True):
+        name = arg.option[2:]
+        if not arg.option.startswith("--"):
+            continue  # vLLM has no short form of the owned flags
         owned = next((f for f in OWNED_FLAGS if f[2:] == name), None) or \
             next((f for f in OWNED_FLAGS if f[2:].startswith(name)), None)
         if owned is not None:
-            instead = OWNED_FLAGS[owned]
-            found.append((given if given.split("=", 1)[0] == owned else f"{given} (vLLM reads it as {owned})",
-                          instead))
+            found.append((arg.given if arg.given == owned else f"{arg.given} (vLLM reads it as {owned})",
+                          OWNED_FLAGS[owned]))
     return found
-
-
-def _vllm_option_names(extra_args: list[str]) -> list[tuple[str, str]]:
-    """(the argument as given, the option name vLLM's parser reads from it), `--config` files included."""
-    out: list[tuple[str, str]] = []
-    for i, arg in enumerate(extra_args):
-        if not arg.startswith("--") or arg == "--" or len(arg) < 3:
-            continue
-        flag = arg.split("=", 1)[0]
-        name = flag[2:].split(".", 1)[0].replace("_", "-")
-        out.append((flag, name))
-        if name and "config".startswith(name) and len(name) >= 4:  # --config FILE (or an abbreviation of it)
-            path = arg.split("=", 1)[1] if "=" in arg else (extra_args[i + 1] if i + 1 < len(extra_args) else None)
-            out += [(f"{key!r} in --config {path}", key.replace("_", "-")) for key in _config_file_keys(path)]
-    return out
-
-
-def _config_file_keys(path: str | None) -> list[str]:
-    """The top-level keys of a vLLM --config YAML file (each one is read as the flag of that name)."""
-    if not path:
-        return []
-    from kvctl import yamlio
-
-    try:
-        data = yamlio.safe_load(Path(path).expanduser().read_text("utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"-- --config {path}: cannot read it ({exc})",
-                         "kvctl reads the file to check it sets none of the flags kvctl serve owns") from None
-    except Exception as exc:  # noqa: BLE001 - any YAML error: vLLM would refuse the file too
-        raise UsageError(f"-- --config {path}: not valid YAML ({exc})") from None
-    return [str(k) for k in data] if isinstance(data, dict) else []

@@ -19,7 +19,8 @@ import pytest
 from packaging.version import Version
 
 from kvctl.serve import cpu_binding, procs, runs
-from kvctl.serve.vllm_launch import VllmInstall, replica_command, replica_env, tensor_parallel_size
+from kvctl.serve.parallel import parallel_layout
+from kvctl.serve.vllm_launch import VllmInstall, replica_command, replica_env
 from tests.integration.helpers import require_mooncake
 from tests.lib import REPO
 
@@ -48,8 +49,9 @@ def test_gpu_env_pins_one_gpu_per_replica(tmp_path: Path) -> None:
     install = VllmInstall("/envs/gpu/bin/python", "vllm", Version("0.33.0"))
     env = replica_env(install, {}, {}, tmp_path, "127.0.0.1", "2,3")
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and "VLLM_CPU_KVCACHE_SPACE" not in env
-    assert tensor_parallel_size(["--tensor-parallel-size", "2"]) == 2
-    assert tensor_parallel_size(["-tp=4"]) == 4 and tensor_parallel_size([]) == 1
+    # GPUs per replica: kvctl.serve.parallel (tests/unit/serve/test_parallel.py)
+    assert parallel_layout(["--tensor-parallel-size", "2"]).gpus_per_replica == 2
+    assert parallel_layout(["-tp=4"]).gpus_per_replica == 4 and parallel_layout([]).gpus_per_replica == 1
 
 
 def test_run_record_roundtrip(tmp_path: Path) -> None:

@@ -45,6 +45,14 @@ TORCH = "torch"
 CUDA12_RUNTIME, CUDA_RUNTIME = "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime"
 PROBED = (TORCH, CUDA12_RUNTIME, CUDA_RUNTIME, *WHEELS)
 SYSTEM_PACKAGES = "apt-get install -y libibverbs1 libnuma1 libcurl4"  # what every wheel links
+# The CUDA 13 build also links libmlx5.so.1 (readelf -d of mooncake-transfer-engine-cuda13 0.3.14; its
+# mooncake_master does not start without it); the non-CUDA 0.3.13.post1 does not.
+CUDA_SYSTEM_PACKAGES = SYSTEM_PACKAGES + " ibverbs-providers"
+
+
+def system_packages(wheel: str) -> str:
+    """The apt line a wheel needs beside it."""
+    return SYSTEM_PACKAGES if WHEELS.get(wheel) is None else CUDA_SYSTEM_PACKAGES
 _LOCAL_CUDA = re.compile(r"^cu(\d+)(\d)$")  # cu130 -> 13, cu128 -> 12, cu118 -> 11
 
 Status = Literal["ok", "warn", "fail"]
@@ -141,7 +149,7 @@ def _judge_unknown_cuda(found: dict[str, str], python: str, text: str, where: st
     unknown = f"the CUDA of this GPU vLLM is unknown ({evidence})"
     if not found:
         return WheelVerdict("fail", f"no Mooncake wheel ({', '.join(WHEELS)}) is installed for {where}; {unknown}",
-                            f"{python} -m pip install {CUDA13} ({choice}; plus {SYSTEM_PACKAGES})")
+                            f"{python} -m pip install {CUDA13} ({choice}; plus {CUDA_SYSTEM_PACKAGES})")
     if len(found) > 1:
         cuda = [d for d in found if WHEELS[d] is not None]
         return _two_builds(found, cuda[0] if len(cuda) == 1 else CUDA13, python, text, f" ({choice})")
@@ -156,7 +164,7 @@ def _judge_unknown_cuda(found: dict[str, str], python: str, text: str, where: st
 
 def _missing(wanted: str, python: str, where: str, why: str, also: str = "") -> WheelVerdict:
     return WheelVerdict("fail", f"no Mooncake wheel ({', '.join(WHEELS)}) is installed for {where}{why}",
-                        f"{python} -m pip install {wanted}{also} (plus {SYSTEM_PACKAGES})")
+                        f"{python} -m pip install {wanted}{also} (plus {system_packages(wanted)})")
 
 
 def _two_builds(found: dict[str, str], wanted: str, python: str, text: str, why: str) -> WheelVerdict:

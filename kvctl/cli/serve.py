@@ -23,6 +23,7 @@ def serve(
     replicas: Annotated[int, typer.Option("--replicas", metavar="N", help="Number of vLLM replicas.")] = 1,
     master: Annotated[str, typer.Option("--master", metavar="embedded|HOST:PORT|etcd://HOST:PORT", help="Start a Mooncake master here (embedded), use the one at this RPC address, or an HA group through its etcd (etcd://HOST:PORT[;HOST:PORT...]).")] = "embedded",
     master_admin: Annotated[Optional[str], typer.Option("--master-admin", metavar="HOST:PORT", help="Admin/metrics port of a --master HOST:PORT, or of every master of an HA group, comma-separated (for status and reset).")] = None,
+    master_arg: Annotated[Optional[list[str]], typer.Option("--master-arg", metavar="--FLAG=VALUE", help="One more flag for the mooncake_master serve starts, e.g. --master-arg=--eviction_high_watermark_ratio=0.9 (repeatable; not the address or port flags kvctl sets).")] = None,
     host: Annotated[str, typer.Option("--host", help="Address the replicas and the master bind to.")] = "127.0.0.1",
     base_port: Annotated[Optional[int], typer.Option("--base-port", metavar="P", help="Replica i listens on P+i (default: free ports).")] = None,
     name: Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="Run name (default: run-DATE-TIME). The name of a run that is not running is reused; its files move to RUN/previous/.")] = None,
@@ -51,7 +52,7 @@ def serve(
 
     spec = ServeSpec(
         model=model, template=template, overrides=templates.parse_overrides(set_ or []), replicas=replicas,
-        master=master, master_admin=master_admin, host=host, base_port=base_port, name=name,
+        master=master, master_admin=master_admin, master_args=list(master_arg or []), host=host, base_port=base_port, name=name,
         vllm_python=vllm_python, extra_args=list(ctx.args), allow_remote_admin=allow_remote_admin,
         state_dir=state_dir, template_path=template_path, health_timeout=health_timeout, replace=replace,
         foreground=not detach, ray=ray, ray_master_resource=ray_master_resource,

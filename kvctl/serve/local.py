@@ -19,13 +19,14 @@ from kvctl._version import __version__
 from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.compat import layout_of
 from kvctl.serve import cpu_binding, procs, runs
+from kvctl.serve.gpus import allocate, held_by_runs
 from kvctl.serve.lifecycle import claim_run, stop_run
+from kvctl.serve.memory import check_host_memory, mooncake_memory
 from kvctl.serve.mooncake_wheel import check_wheel
+from kvctl.serve.parallel import dp_rpc_ports, parallel_layout
 from kvctl.serve.ports import free_port, port_in_use
 from kvctl.serve.runs import MasterRecord, ReplicaRecord, RunRecord
 from kvctl.serve.spec import ServeError, ServeSpec, check_servable, check_spec, master_endpoints
-from kvctl.serve.gpus import allocate, held_by_runs
-from kvctl.serve.parallel import dp_rpc_ports, parallel_layout
 from kvctl.serve.vllm_launch import VllmInstall, find_vllm, replica_command, replica_env
 from kvctl.transport.addresses import advertised_address
 
@@ -103,7 +104,8 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
         spec.overrides.setdefault("metadata_server", f"http://{spec.host}:{(port := free_port(spec.host))}/metadata")
         extra = ["--enable_http_metadata_server=true", f"--http_metadata_server_port={port}",
                  f"--http_metadata_server_host={spec.host}"]
-    master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log", extra_args=extra)
+    master = MasterProcess(host=spec.host, log_path=run_dir / "logs" / "mooncake_master.log",
+                           extra_args=extra + list(spec.master_args))
     run_dir.joinpath("logs").mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def recorded(m: MasterProcess) -> None:  # in run.json as soon as it exists: kvctl stop finds it
@@ -150,6 +152,8 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
     base_env = dict(os.environ)
     layout = parallel_layout(spec.extra_args)
     per, dp_ports = layout.gpus_per_replica, dp_rpc_ports(layout, ports)  # a DP replica's own RPC port
+    # every worker rank (GPU or CPU) runs its own Mooncake client with its own segment and buffer
+    check_host_memory(mooncake_memory(bundle.mooncake, spec.replicas, per))
     # one CUDA_VISIBLE_DEVICES per GPU replica, off the GPUs live kvctl runs or other processes use
     gpus = None if install.cpu else allocate(spec.replicas, per, base_env, held_by_runs(spec.state_dir, record.name))
     binds: list[str | None] = [None] * spec.replicas

@@ -11,7 +11,7 @@ whole tree (KEEPER says how), and the master ends too. `stop()` stops the proces
 The actor asks Ray for no CPU (num_cpus=0): it only waits, and the vLLM process it starts is not
 Ray-scheduled work, so reserving Ray's CPU slots for it would only keep other tasks off the node
 (kvctl gives CPU replicas their cores itself, VLLM_CPU_OMP_THREADS_BIND). GPU replicas do reserve
-their GPUs (num_gpus = the tensor parallel size): Ray sets CUDA_VISIBLE_DEVICES for the actor, the
+their GPUs (num_gpus = GPUs per replica, kvctl.serve.parallel): Ray sets CUDA_VISIBLE_DEVICES for the actor, the
 replica inherits it, and Ray gives those GPUs to nothing else.
 
 This module imports Ray: only Ray workers and `kvctl ... --ray` import it. kvctl must be installed
@@ -98,13 +98,13 @@ class ProcessActor:
         return {"id": ray.get_runtime_context().get_node_id(), "ip": self.ip, "host": host_id()}
 
     # -- the Mooncake master
-    def start_master(self) -> dict[str, Any]:
+    def start_master(self, extra_args: list[str] | None = None) -> dict[str, Any]:
         """mooncake_master bound to this node's IP on free ports, ready (its /health) when this returns."""
         from kvctl.serve.master_process import MasterProcess
 
         self.folder.mkdir(parents=True, exist_ok=True)
         self.log = self.folder / "mooncake_master.log"
-        master = MasterProcess(host=self.ip, log_path=self.log, die_with_parent=True)
+        master = MasterProcess(host=self.ip, log_path=self.log, die_with_parent=True, extra_args=extra_args or ())
 
         def launched(m: MasterProcess) -> None:
             self.ref = ProcessRef(m.pid or 0, m.start_time or time.time(), "mooncake_master")

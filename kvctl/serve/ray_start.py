@@ -224,7 +224,7 @@ def _start_master(spec: ServeSpec, placement: Placement, record: RunRecord, emit
         return MasterRecord(False, spec.master, master_admin_of(spec))
     emit("master_starting", node=placement.master)
     actor = _actor(record, "master", placement.master, 0)
-    info = _get(actor.start_master.remote(), f"the Mooncake master on node {placement.master.short}",
+    info = _get(actor.start_master.remote(list(spec.master_args)), f"the Mooncake master on node {placement.master.short}",
                 PREPARE_TIMEOUT)
     master = MasterRecord(True, info["rpc_address"], info["admin_address"], ProcessRef(**info["process"]),
                           info["log"], node=info["node"], actor=f"{record.name}/master")

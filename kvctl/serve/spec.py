@@ -32,6 +32,7 @@ class ServeSpec:
     name: str | None = None
     vllm_python: str | None = None
     extra_args: list[str] = field(default_factory=list)
+    master_args: list[str] = field(default_factory=list)  # more mooncake_master flags (embedded master only)
     allow_remote_admin: bool = False
     state_dir: str | None = None
     template_path: str | None = None
@@ -79,6 +80,7 @@ def check_spec(spec: ServeSpec) -> None:
         check_cache_prefix(spec.overrides["cache_prefix"], "--set cache_prefix")
     if spec.master != "embedded":
         master_endpoints(spec.master)
+    check_master_args(spec)
 
 
 def master_endpoints(master: str) -> list[tuple[str, int]]:
@@ -98,6 +100,27 @@ def master_endpoints(master: str) -> list[tuple[str, int]]:
     return out
 
 
+# mooncake_master flags kvctl sets itself (MasterProcess; the HTTP metadata ones with --metadata http):
+# a second copy would move the master off the addresses kvctl records, or beyond loopback.
+OWNED_MASTER_FLAGS = ("rpc_address", "rpc_port", "metrics_host", "metrics_port", "logtostderr",
+                      "enable_http_metadata_server", "http_metadata_server_port", "http_metadata_server_host")
+
+
+def check_master_args(spec: ServeSpec) -> None:
+    """--master-arg: gflags `--name=value` (or `--name` for a boolean), only for a master kvctl starts."""
+    if spec.master_args and spec.master != "embedded":
+        raise UsageError("--master-arg sets flags of the master kvctl serve starts (--master embedded), "
+                         f"not of the one at {spec.master}", "pass those flags to that master where it is started")
+    for arg in spec.master_args:
+        name = arg.split("=", 1)[0].lstrip("-")
+        if not arg.startswith("-") or not name or not name.replace("_", "").isalnum():
+            raise UsageError(f"--master-arg {arg!r} is not a mooncake_master flag",
+                             "give it as --master-arg=--NAME=VALUE, e.g. --master-arg=--eviction_high_watermark_ratio=0.9")
+        if name in OWNED_MASTER_FLAGS:
+            raise UsageError(f"--master-arg {arg}: kvctl serve sets --{name} itself",
+                             "use --host for the master's address; its ports are chosen free and recorded")
+
+
 def check_servable(spec: ServeSpec) -> None:
     """kvctl serve starts alike replicas of one kv_transfer_config; a prefill/decode layout needs two roles,
     a bootstrap port per prefill server and a proxy, so it is refused here and kept for `config render`."""
@@ -112,7 +135,8 @@ def check_servable(spec: ServeSpec) -> None:
             "a producer and a consumer server per pair, a bootstrap port per prefill server and a proxy in front, "
             "and kvctl serve starts alike replicas of one role",
             f"render each side with `kvctl config render {template.name} --set role=producer` (and "
-            "role=consumer) and start the pair with vLLM's proxy (docs/gpu.md, \"Prefill/decode\"); kvctl serve runs "
+            "role=consumer), start each server with its own VLLM_MOONCAKE_BOOTSTRAP_PORT and Mooncake's proxy "
+            "(python -m mooncake.vllm_v1_proxy_server) in front (docs/gpu.md, \"Prefill/decode\"); kvctl serve runs "
             "mooncake-store, mooncake-store-standalone and lmcache-mooncake")
 
 

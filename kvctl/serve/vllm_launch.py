@@ -156,7 +156,7 @@ def replica_env(install: VllmInstall, base: dict[str, str], bundle_env: dict[str
     # The address vLLM (get_ip) gives Mooncake as this replica's segment host: loopback for a master on this
     # machine, the route toward a master elsewhere (kvctl.transport.addresses). MC_TCP_BIND_ADDRESS is the
     # same address for the master's HTTP metadata mode; under P2PHANDSHAKE Mooncake ignores it, and its
-    # listeners bind every interface whatever it says (docs/serve.md, "What listens where").
+    # listeners bind every interface whatever it says (docs/gpu.md, "Firewall").
     address = advertised_address(host, master)
     env["VLLM_HOST_IP"] = address
     env["MC_TCP_BIND_ADDRESS"] = address

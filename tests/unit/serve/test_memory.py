@@ -48,3 +48,18 @@ def test_the_real_machine_holds_the_demo_fleet() -> None:
     # two CPU replicas of the built-in mooncake-store template (256MB + 128MB per rank)
     check_host_memory(mooncake_memory({"global_segment_size": "256MB", "local_buffer_size": "128MB",
                                        "protocol": "tcp"}, 2, 1))
+
+
+def test_serve_refuses_a_fleet_whose_mooncake_memory_does_not_fit(cli, tmp_path) -> None:
+    """Through kvctl serve with a real master and the fake-vLLM double: 2 replicas x TP 4 ranks x
+    (64 TiB + 128 MB, given as 65536GB) cannot fit any machine; nothing is left running."""
+    from kvctl.serve import runs
+    from tests.integration.helpers import require_mooncake
+    from tests.unit.serve.test_serve import gone, serve_args
+
+    require_mooncake()
+    result = cli(*serve_args(tmp_path, "big", "--replicas", "2", "--set", "global_segment_size=65536GB",
+                             "--", "--tensor-parallel-size", "4"))
+    assert result.exit_code == 2, result.stderr
+    assert "8 worker rank(s)" in result.stderr and "per rank" in result.stderr
+    assert gone(runs.load("big", tmp_path / "state"))

@@ -79,3 +79,34 @@ def test_lmcache_mooncake_json_names_the_host_other_servers_reach(tmp_path: Path
     record = _record(tmp_path / "c", "127.0.0.1:50051")
     record.path.mkdir(parents=True)
     assert render_config(spec, install, record, record.path).mooncake["local_hostname"] == "node-a"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--master-arg=--rpc_port=1"], "kvctl serve sets --rpc_port itself"),
+    (["--master-arg=--metrics_host=0.0.0.0"], "kvctl serve sets --metrics_host itself"),
+    (["--master-arg=eviction=1"], "is not a mooncake_master flag"),
+    (["--master", "127.0.0.1:50051", "--master-arg=--eviction_high_watermark_ratio=0.9"], "not of the one at"),
+])
+def test_master_args_that_would_move_the_master_are_refused(cli, tmp_path: Path, args: list[str], says: str) -> None:
+    result = cli("serve", str(tmp_path), "--state-dir", str(tmp_path / "state"), *args)
+    assert result.exit_code == 2 and says in result.stderr, result.stderr
+
+
+def test_master_args_reach_the_real_master(cli, tmp_path: Path) -> None:
+    """A flag the user passes is on the embedded master's command line (a real mooncake_master)."""
+    from tests.integration.helpers import require_mooncake
+    from tests.unit.serve.test_serve import gone, serve_args
+
+    require_mooncake()
+    result = cli(*serve_args(tmp_path, "margs", "--detach", "--master-arg=--eviction_high_watermark_ratio=0.8",
+                             "--master-arg=--default_kv_lease_ttl=7000"))
+    assert result.exit_code == 0, result.stderr
+    record = runs.load("margs", tmp_path / "state")
+    try:
+        import psutil
+
+        cmdline = psutil.Process(record.master.process.pid).cmdline()
+        assert "--eviction_high_watermark_ratio=0.8" in cmdline and "--default_kv_lease_ttl=7000" in cmdline
+    finally:
+        cli("stop", "--run", "margs", "--state-dir", str(tmp_path / "state"))
+    assert gone(record)

@@ -21,7 +21,7 @@
 #   d mooncake   Mooncake's CUDA 13 wheel: mooncake_master on 127.0.0.1, then put/get from and into
 #                CUDA tensors (tools/gpu/mooncake_cuda_putget.py); the master is stopped at the end
 #   c bf16       the bf16 prefix-cache log-probability difference, cuda (and cpu --quick beside it)
-#                (tools/gpu/bf16_prefix_logprobs.py); run last: the longest, and another helper's
+#                (tools/gpu/bf16_prefix_logprobs.py); run last: it takes the longest
 set -uo pipefail  # no -e: a part that fails is a result, never the end of the run
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

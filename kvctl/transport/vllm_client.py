@@ -25,6 +25,9 @@ SERVER_INFO_TIMEOUT = 90.0
 # /pause?mode=wait answers once every in-flight request has finished: as long as the longest one
 # (a Mooncake transfer stall alone held it past 30 s in an e2e run), so it gets its own bound.
 PAUSE_TIMEOUT = 120.0
+# /weight_checker hashes every weight on every worker (sha256 of each tensor's bytes, copied to CPU):
+# about a second per few GB, so a large model needs far more than the per-call bound.
+CHECKSUM_TIMEOUT = 120.0
 DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (reset, pause and server_info routes exist only in dev mode)"
 
 
@@ -233,6 +236,58 @@ class VllmClient(HttpClientBase):
 
     async def is_paused(self) -> CallOutcome:
         return await self.call("GET", "/is_paused")
+
+    # -- weights (dev mode) ------------------------------------------------------------------
+    async def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None, *,
+                             timeout: float | None = None) -> CallOutcome:
+        """POST /collective_rpc {"method", "kwargs"[, "timeout"]}: `method` on every worker.
+
+        Answers {"results": [one per worker]} (None, dicts and lists as they are, anything else as
+        str), or an empty 200 when the engine returns nothing (serve/dev/rpc/api_router.py:23-58 in
+        0.32.0). Sent once: a retried reload_weights after a timeout would queue a second reload
+        behind the first. `timeout` bounds both the HTTP wait and vLLM's own wait for its workers."""
+        body: dict[str, Any] = {"method": method, "kwargs": dict(kwargs or {})}
+        if timeout is not None:
+            body["timeout"] = timeout
+        return await self.call("POST", "/collective_rpc", json=body, retries=0, timeout=timeout)
+
+    async def update_weight_version(self, version: str) -> CallOutcome:
+        """POST /update_weight_version {"new_version": V} -> {"success": true, "new_version": V} (0.27+)."""
+        return await self.call("POST", "/update_weight_version", json={"new_version": version})
+
+    async def weight_info(self) -> str | None:
+        """GET /weight_info -> {"weight_version": V}: the version vLLM serves ("default" until one is set).
+
+        None where the route is missing (404: before 0.27.0, or dev mode off); ServerError for
+        any other failure or an answer without a string version."""
+        outcome = await self.call("GET", "/weight_info")
+        if outcome.status == 404:
+            return None
+        if not outcome.ok:
+            raise ServerError(f"{outcome.url}: {outcome.error}", "check the URL and that the server is up")
+        version = outcome.body.get("weight_version") if isinstance(outcome.body, dict) else None
+        if not isinstance(version, str):
+            raise ServerError(f"{outcome.url}: answer has no weight_version string: {str(outcome.body)[:200]!r}")
+        return version
+
+    async def weight_checksums(self, timeout: float = CHECKSUM_TIMEOUT) -> dict[str, str] | None:
+        """POST /weight_checker {"action": "checksum"} -> every worker's {"<ranks>:<param>": sha256} (0.32+).
+
+        None where the route is missing (404). vLLM hashes every weight on every worker for it, on
+        the workers' own loop (generation waits meanwhile): seconds on a large model, hence its own
+        bound and no retry. Summarise with kvctl.transport.vllm_weights.summarise_checksums."""
+        from kvctl.transport.vllm_weights import parse_checksum_answer
+
+        outcome = await self.call("POST", "/weight_checker", json={"action": "checksum"}, retries=0,
+                                  timeout=max(self.timeout, timeout))
+        if outcome.status == 404:
+            return None
+        if not outcome.ok:
+            raise ServerError(f"{outcome.url}: {outcome.error}", "check the URL and that the server is up")
+        checksums = parse_checksum_answer(outcome.body)
+        if checksums is None:
+            raise ServerError(f"{outcome.url}: answer is not {{\"checksums\": {{...}}}}: {str(outcome.body)[:200]!r}")
+        return checksums
 
 
 def pause_params(version: Version) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import hashlib
 import time
 import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,11 @@ V_PAUSE_CLEAR_RESETS_CONNECTOR = (0, 23, 0)
 V_RESET_JSON_BODY = (0, 26, 0)           # /reset_prefix_cache answers {"success": bool}
 V_KV_LEGACY_FIELDS_REMOVED = (0, 32, 0)  # kv_buffer_size/_rank/_parallel_size, kv_ip (kv_port?)
 V_PROMPT_TOKENS_BY_SOURCE = (0, 32, 0)   # seen on a 0.32 run; first version not checked
+V_COLLECTIVE_RPC_ROUTE = (0, 10, 2)      # POST /collective_rpc (dev; vllm_facts.json routes)
+V_WEIGHT_VERSION_ROUTES = (0, 27, 0)     # GET /weight_info, POST /update_weight_version (dev; rlhf router)
+V_WEIGHT_CHECKER_ROUTE = (0, 32, 0)      # POST /weight_checker (dev; rl/online/api_router.py)
+# The parameters the double's checksums cover (vLLM hashes every named parameter of the model).
+WEIGHT_PARAMETERS = ("model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight", "lm_head.weight")
 
 # Connectors vLLM's registry knows (an unknown name makes vLLM refuse to start).
 KNOWN_CONNECTORS = frozenset({
@@ -183,6 +188,10 @@ class VllmDouble(DoubleServer):
         dtype, device: ``model_config.dtype`` and ``device_config.device`` in ``/server_info``,
             as vLLM dumps them (``"torch.bfloat16"``: a torch.dtype through ``fallback=str``).
         vllm_env: ``VLLM_*`` settings ``/server_info`` lists (from 0.14.0) over the defaults.
+        weights: which weights are loaded (default: ``model``); ``/weight_checker`` checksums derive
+            from it, per worker (``tensor_parallel`` x ``data_parallel`` workers). ``rank_weights``
+            (``{"dp1:pp0:pcp0:tp0:": "other"}``) gives one worker other weights; ``weight_version``
+            is what ``/weight_info`` reports (``"default"`` until set, as in vLLM).
         faults: a :class:`Faults`.
 
     State: ``calls``, ``paused``, ``pause_mode``, ``local_blocks`` (set of block hashes),
@@ -215,6 +224,9 @@ class VllmDouble(DoubleServer):
         dtype: str = "torch.float32",
         device: str | None = "cpu",
         vllm_env: dict[str, Any] | None = None,
+        weights: str | None = None,
+        tensor_parallel: int = 1,
+        data_parallel: int = 1,
     ) -> None:
         super().__init__(faults, name)
         self.version = version
@@ -231,6 +243,13 @@ class VllmDouble(DoubleServer):
         self.pause_timeout = float(pause_timeout)
         self.dtype, self.device = dtype, device
         self.vllm_env = dict(vllm_env or {})
+        # Which weights are loaded (checksums derive from it); engine core starts at "default" (core.py:141)
+        self.weights = weights if weights is not None else model
+        self.weight_version = "default"
+        self.tensor_parallel, self.data_parallel = int(tensor_parallel), int(data_parallel)
+        self.rank_weights: dict[str, str] = {}  # a worker (rank prefix) that holds other weights
+        # /collective_rpc methods the double's workers know: name -> f(kwargs) -> one worker's result
+        self.rpc_methods: dict[str, Callable[[dict[str, Any]], Any]] = {}
         self.engine_id = str(uuid.uuid4())
         self.created = int(time.time())
         self.start_time = time.time()
@@ -445,6 +464,13 @@ class VllmDouble(DoubleServer):
                 routes["/reset_encoder_cache"] = {"POST": self._h_reset_encoder_cache}
             if v >= V_SERVER_INFO_ROUTE:
                 routes["/server_info"] = {"GET": self._h_server_info}
+            if v >= V_COLLECTIVE_RPC_ROUTE:
+                routes["/collective_rpc"] = {"POST": self._h_collective_rpc}
+            if v >= V_WEIGHT_VERSION_ROUTES:
+                routes["/weight_info"] = {"GET": self._h_weight_info}
+                routes["/update_weight_version"] = {"POST": self._h_update_weight_version}
+            if v >= V_WEIGHT_CHECKER_ROUTE:
+                routes["/weight_checker"] = {"POST": self._h_weight_checker}
         if v >= V_PAUSE_ROUTES and (dev or v < V_PAUSE_DEV_GATED):
             routes["/pause"] = {"POST": self._h_pause}
             routes["/resume"] = {"POST": self._h_resume}
@@ -675,6 +701,61 @@ class VllmDouble(DoubleServer):
             "num_cpu_blocks": 0,
         }
 
+    # -- handlers: weights ------------------------------------------------------------------------
+    async def _h_weight_info(self, request: web.Request, call: Call) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
+
+    async def _h_update_weight_version(self, request: web.Request, call: Call) -> web.Response:
+        body = call.body if isinstance(call.body, dict) else {}
+        version = body.get("new_version")
+        if not isinstance(version, str):  # FastAPI's Body(embed=True) str: a 422 validation error
+            return _validation_error("body.new_version", "string_type", "Input should be a valid string")
+        self.weight_version = version
+        return web.json_response({"success": True, "new_version": version})
+
+    async def _h_collective_rpc(self, request: web.Request, call: Call) -> web.Response:
+        body = call.body
+        if not isinstance(body, dict):
+            return web.json_response({"detail": "Request body must be a JSON object"}, status=400)
+        if body.get("method") is None:
+            return web.json_response({"detail": "Missing 'method' in request body"}, status=400)
+        method = self.rpc_methods.get(body["method"])
+        if method is None:  # the worker has no such method: the engine's error surfaces as a 500
+            return web.Response(status=500, text="Internal Server Error")
+        kwargs = body.get("kwargs") or {}
+        results = [method(kwargs) for _ in range(self.tensor_parallel * self.data_parallel)]
+        return web.json_response({"results": [r if r is None or isinstance(r, (dict, list)) else str(r)
+                                              for r in results]})
+
+    def weight_checksums(self) -> dict[str, str]:
+        """What every worker's ``compute_weight_checksums()`` gives, merged (rank-prefixed keys)."""
+        out: dict[str, str] = {}
+        for dp in range(self.data_parallel):
+            for tp in range(self.tensor_parallel):
+                prefix = f"dp{dp}:pp0:pcp0:tp{tp}:"
+                weights = self.rank_weights.get(prefix, self.weights)
+                for name in WEIGHT_PARAMETERS:  # a tp shard differs per tp rank; dp ranks hold copies
+                    out[prefix + name] = hashlib.sha256(f"{weights}|tp{tp}|{name}".encode()).hexdigest()
+        return out
+
+    async def _h_weight_checker(self, request: web.Request, call: Call) -> web.Response:
+        body = call.body if isinstance(call.body, dict) else {}
+        action = body.get("action")
+        if action not in ("checksum", "reset", "compare"):
+            return _validation_error("body.action", "literal_error", "Input should be 'checksum', 'reset' or 'compare'")
+        if action == "reset":
+            self.weights = "zeros"
+            self.rank_weights.clear()
+            return web.json_response({"status": "reset"})
+        baseline = body.get("baseline")
+        if action == "compare" and baseline is None:
+            return web.json_response({"detail": "action='compare' requires a 'baseline' object"}, status=400)
+        checksums = self.weight_checksums()
+        if action == "checksum":
+            return web.json_response({"checksums": checksums})
+        mismatches = sorted(k for k in checksums.keys() | baseline.keys() if checksums.get(k) != baseline.get(k))
+        return web.json_response({"match": not mismatches, "mismatches": mismatches})
+
     # -- handlers: pause --------------------------------------------------------------------------
     async def _h_pause(self, request: web.Request, call: Call) -> web.Response:
         clear_cache = True
@@ -783,6 +864,11 @@ class VllmDouble(DoubleServer):
         info["engine"] = "0"
         gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", info, 1.0)
         return "\n".join(out) + "\n"
+
+
+def _validation_error(loc: str, kind: str, msg: str) -> web.Response:
+    """FastAPI's 422 for a body that fails its model (vLLM's routes with Body(embed=True) fields)."""
+    return web.json_response({"detail": [{"type": kind, "loc": loc.split("."), "msg": msg}]}, status=422)
 
 
 def _read_kv_config(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...], str, str | None]:

@@ -62,18 +62,20 @@ async def hard_reset_async(
     whole_master: bool = False,
     clear_timeout: float = 15.0,
     probe_prompts: list[str] | None = None,
+    allow_mixed_weights: bool = False,
     raise_on_failure: bool = False,
 ) -> Receipt:
     """Reset every cache of every replica (and the Mooncake store, with connector=True).
 
     Same targets and options as `kvctl reset`; returns the receipt. With raise_on_failure, a
-    receipt that is not fully ok raises ResetFailed (carrying the receipt).
+    receipt that is not fully ok raises ResetFailed (carrying the receipt). With verify, replicas that
+    share one cache namespace but serve different weights fail it, unless allow_mixed_weights.
     Bad targets raise kvctl.errors.UsageError.
     """
     options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
                            dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
                            pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
-                           probe_prompts=_prompts(probe_prompts)).check()
+                           probe_prompts=_prompts(probe_prompts), allow_mixed_weights=allow_mixed_weights).check()
     fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
                         run=run, state_dir=str(state_dir) if state_dir else None,
                         master_rpc=_address(master_rpc, "master_rpc"), ray=ray)

@@ -2,8 +2,11 @@
 Mooncake master's key count and memory, and (for a run started by `kvctl serve`) whether the
 recorded processes are still alive.
 
-Read-only: every call is a GET. All replicas and the master are asked at once over one shared
-kvctl HttpPool; a replica that is down, dead or slow is reported in its own row, never raised.
+Read-only: every call is a GET, but for /weight_checker (a POST that changes nothing) when weight
+checksums are asked for. All replicas and the master are asked at once over one shared kvctl
+HttpPool; a replica that is down, dead or slow is reported in its own row, never raised. Replicas of
+one fleet that share its master's cache namespace but serve different weights are flagged: their KV
+mixes in one store.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ class ReplicaStatus:
     counters: dict[str, float | None] | None = None  # cumulative prefix-cache token counters
     latency_s: float | None = None  # of GET /health
     error: str | None = None  # everything that went wrong, "; "-joined
+    weight_version: str | None = None  # GET /weight_info (vLLM 0.27+, dev mode); None: see weight_note
+    weight_digest: str | None = None  # of /weight_checker's checksums (0.32+), when asked for
+    weight_note: str | None = None  # why the version (or the digest asked for) is not known
+    weight_disagreeing: int = 0  # shards whose dp/pcp copies differ inside this replica
 
 
 @dataclass
@@ -88,6 +95,7 @@ class FleetStatus:
     run: RunStatus | None = None
     elapsed_s: float = 0.0
     masters: list[MasterStatus] = field(default_factory=list)  # every master of the fleet, in order
+    weights_mixed: list[str] = field(default_factory=list)  # each problem kvctl.transport.vllm_weights.mixed_weights found
 
     @property
     def healthy(self) -> int:
@@ -95,8 +103,9 @@ class FleetStatus:
 
     @property
     def ok(self) -> bool:
-        """Every replica healthy, and the master reachable when one is targeted."""
-        return self.healthy == len(self.replicas) and (self.master is None or self.master.reachable)
+        """Every replica healthy, the master reachable when one is targeted, and no mixed weights."""
+        return self.healthy == len(self.replicas) and (self.master is None or self.master.reachable) \
+            and not self.weights_mixed
 
     @property
     def exit_code(self) -> int:
@@ -109,6 +118,8 @@ class FleetStatus:
             parts.append("master reachable" if self.master.reachable else "master NOT reachable")
         if self.run is not None and self.run.processes:
             parts.append(f"{self.run.alive}/{len(self.run.processes)} recorded process(es) alive")
+        if self.weights_mixed:
+            parts.append("MIXED WEIGHTS: " + "; ".join(self.weights_mixed))
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +132,7 @@ class FleetStatus:
             "replicas": [asdict(r) for r in self.replicas],
             "master": None if self.master is None else asdict(self.master),
             "masters": [asdict(m) for m in self.masters],
+            "weights_mixed": list(self.weights_mixed),
         }
 
 
@@ -129,10 +141,12 @@ STATUS_CONCURRENCY = 256  # replicas asked at once (as kvctl reset's default)
 
 
 async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str | None, timeout: float = DEFAULT_TIMEOUT,
-                       *, run: RunRecord | None = None, http: HttpPool | None = None) -> FleetStatus:
+                       *, run: RunRecord | None = None, http: HttpPool | None = None,
+                       cache_prefix: str | None = None, checksums: bool = False) -> FleetStatus:
     """Ask every replica (and every master: one, or an HA group) at once; failures land in each
     row's `error`. In an HA group only the leader serves (a standby's /health says not ready), so
-    the fleet's `master` is the first master that serves, else the first."""
+    the fleet's `master` is the first master that serves, else the first. `checksums`: also ask each
+    replica for its weight checksums (vLLM hashes every weight for it: seconds on a large model)."""
     start = time.perf_counter()
     group = (masters,) if isinstance(masters, str) else tuple(masters or ())
     hosts = len(replicas) + len(group)
@@ -143,12 +157,13 @@ async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str |
             return await job
 
     async with shared_pool(http, hosts) as client:
-        jobs: list[Any] = [bounded(replica_status(r, timeout, client)) for r in replicas]
+        jobs: list[Any] = [bounded(replica_status(r, timeout, client, checksums)) for r in replicas]
         jobs += [bounded(master_status(m, timeout, client)) for m in group]
         results = await asyncio.gather(*jobs)
     rows: list[MasterStatus] = list(results[len(replicas):])
     leader = next((m for m in rows if m.reachable), rows[0] if rows else None)
     status = FleetStatus(replicas=list(results[:len(replicas)]), master=leader, masters=rows)
+    status.weights_mixed = _mixed(status.replicas, cache_prefix, bool(group))
     if run is not None:
         from kvctl.serve.lifecycle import liveness
 
@@ -157,6 +172,16 @@ async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str |
         _flag_strangers(status, run, alive)
     status.elapsed_s = time.perf_counter() - start
     return status
+
+
+def _mixed(rows: list[ReplicaStatus], cache_prefix: str | None, has_master: bool) -> list[str]:
+    """Status reads no /server_info (slow, dev mode): a fleet with a master is taken to share its
+    namespace, as kvctl reset takes it (kvctl weights show reads each replica's connector)."""
+    from kvctl.transport.vllm_weights import WeightRow, mixed_weights, namespace_of
+
+    space = namespace_of(None, None, cache_prefix, has_master)
+    return [m.problem for m in mixed_weights(WeightRow(r.name, space, r.weight_version, r.weight_digest,
+                                                       r.weight_disagreeing) for r in rows)]
 
 
 def _flag_strangers(status: FleetStatus, run: RunRecord, is_ours: Callable[[ProcessRef], bool]) -> None:
@@ -180,9 +205,9 @@ def _flag_strangers(status: FleetStatus, run: RunRecord, is_ours: Callable[[Proc
                         "answers: another master holds the port")
 
 
-async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> ReplicaStatus:
-    """One replica: /health first; if anything answered, /version, /v1/models and /metrics, one after
-    the other on one connection (a fleet of thousands then needs one connection per replica)."""
+async def replica_status(replica: Replica, timeout: float, http: HttpPool, checksums: bool = False) -> ReplicaStatus:
+    """One replica: /health first; if anything answered, /version, /v1/models, /metrics and its weights,
+    one after the other on one connection (a fleet of thousands then needs one connection per replica)."""
     from kvctl.transport.vllm_client import VllmClient
 
     client = VllmClient(replica.url, timeout=timeout, retries=0, api_key=replica.api_key(), pool=http)
@@ -201,6 +226,7 @@ async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> Re
         errors.append(f"version: {_message(version)}")
     else:
         row.version = str(version)
+        await _read_weights(row, client, version, checksums)
     if isinstance(models, Exception):
         errors.append(f"models: {_message(models)}")
     else:
@@ -215,6 +241,14 @@ async def replica_status(replica: Replica, timeout: float, http: HttpPool) -> Re
         row.external_hit_rate = hit_rate(c.external_hits, c.external_queries)
     row.error = "; ".join(errors) or None
     return row
+
+
+async def _read_weights(row: ReplicaStatus, client: Any, version: Any, checksums: bool) -> None:
+    from kvctl.transport.vllm_weights import read_weight_state
+
+    state = await read_weight_state(client, version, checksums=checksums)
+    row.weight_version, row.weight_digest = state.version, state.digest
+    row.weight_disagreeing, row.weight_note = len(state.disagreeing), state.note
 
 
 async def master_status(address: str, timeout: float, http: HttpPool) -> MasterStatus:

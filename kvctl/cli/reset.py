@@ -31,6 +31,7 @@ def reset(
     whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
     clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped (puts still in flight, replication tasks).")] = 15.0,
     probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: after the reset, check these prompts by content (kvctl probe: as is vs computed fresh with a cache_salt); only a match verifies (STALE and inconclusive fail it). Log-probabilities may differ by each replica's own tolerance, from its dtype (GET /server_info): 1e-3 in float32, 0.25 in bfloat16/float16 or when unknown. One prompt a line, or JSONL.")] = None,
+    allow_mixed_weights: Annotated[bool, typer.Option("--allow-mixed-weights", help="With --verify: pass even when replicas sharing one cache namespace (the fleet's master, one cache_prefix) serve different weight versions or checksums. Without it --verify fails them: once resumed, their KV of different weights mixes in one store again.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
@@ -41,7 +42,7 @@ def reset(
 ) -> None:
     """Hard-reset every replica: local prefix cache, external store (--connector), mm and encoder caches.
 
-    Plans from each replica's live version; fails before sending anything when the reset could not be complete. Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial (the replicas not reset are named).
+    Plans from each replica's live version; fails before sending anything when the reset could not be complete. Each receipt records the weight version (GET /weight_info) each replica was cleared for, and with --verify its checksum digest; --verify fails replicas that share one cache namespace but serve different weights (--allow-mixed-weights: unless meant). Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial (the replicas not reset are named).
     """
     from kvctl.reset.execute import hard_reset_fleet
     from kvctl.reset.plan import ResetOptions
@@ -52,7 +53,8 @@ def reset(
                          "add --verify (or run kvctl probe on its own)")
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
                            pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
-                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout).check()
+                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
+                           allow_mixed_weights=allow_mixed_weights).check()
     if probe_prompts is not None:
         from kvctl.reset.probe import load_prompts
 
@@ -111,17 +113,18 @@ def _print_plan(plan: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "version", "connector", "will send", "skipped", title="plan (dry run)",
+    table = output.table("replica", "version", "weights", "connector", "will send", "skipped", title="plan (dry run)",
                          wrap=("will send", "skipped"))
     for r in plan.replicas:
         if r.error:
-            table.add_row(escape(r.name), escape(r.version or "?"), "", f"[red]{escape(r.error)}[/]", "")
+            table.add_row(escape(r.name), escape(r.version or "?"), "", "", f"[red]{escape(r.error)}[/]", "")
             continue
         send = [f"{o.op}" + (f" ({', '.join(f'{k}={v}' for k, v in o.params.items())})" if o.params else "")
                 for o in r.ops if not o.skip]
         skipped = [f"{o.op}: {o.skip}" for o in r.ops if o.skip]
-        table.add_row(escape(r.name), escape(r.version or "?"), escape(_layout(r.layout)), escape("\n".join(send)),
-                      escape("\n".join(skipped)))
+        weights = r.weights.version if r.weights is not None else None
+        table.add_row(escape(r.name), escape(r.version or "?"), _weights_cell(weights, r.weights and r.weights.digest),
+                      escape(_layout(r.layout)), escape("\n".join(send)), escape("\n".join(skipped)))
     output.show(table)
     for note in plan.notes:
         output.show(f"[dim]note:[/] {escape(note)}")
@@ -145,11 +148,12 @@ def _print_results(receipt: Any) -> None:
     from kvctl.cli import output
 
     shown = [(k, t) for k, t in OP_COLUMNS if any(o.op == k for r in receipt.replicas for o in r.ops)]
-    cols = ["replica", "version"] + [t for _, t in shown] + (["verify"] if receipt.verify else []) + ["reset"]
+    cols = ["replica", "version", "weights"] + [t for _, t in shown] + (["verify"] if receipt.verify else []) + ["reset"]
     table = output.table(*cols)
     for r in receipt.replicas:
         ops = {o.op: o for o in r.ops}
-        cells = [escape(r.name), escape(r.version or "?")] + [_op_cell(ops.get(k)) for k, _ in shown]
+        cells = [escape(r.name), escape(r.version or "?"), _weights_cell(r.weight_version, r.weight_digest)] \
+            + [_op_cell(ops.get(k)) for k, _ in shown]
         if receipt.verify:
             cells.append(_canary_cell(r.canary))
         cells.append("[green]yes[/]" if r.reset else "[bold red]NO[/]")
@@ -232,6 +236,15 @@ def _canary_cell(canary: Any) -> str:
     if canary.ok:
         return f"[green]0 hits[/] [dim]({canary.signal})[/]"
     return "[bold red]FAILED[/]"
+
+
+def _weights_cell(version: str | None, digest: str | None) -> str:
+    """The weight version the replica was cleared for, and its checksum digest when read."""
+    from rich.markup import escape
+
+    if version is None and digest is None:
+        return "[dim]?[/]"
+    return escape(version or "?") + (f" [dim]({escape(digest)})[/]" if digest else "")
 
 
 def _layout(layout: list[str] | None) -> str:

@@ -25,11 +25,15 @@ def status(
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = 5.0,
+    checksums: Annotated[bool, typer.Option(
+        "--checksums", help="Also ask each replica for its weight checksums (POST /weight_checker, vLLM 0.32+, "
+                            "dev mode) and show one digest per replica. vLLM hashes every weight for it, "
+                            "holding generation meanwhile: seconds on a large model.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Health, version, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
+    """Health, version, weights, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
 
-    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes; with --ray ADDRESS, as that Ray cluster records it, its processes checked by their actors), --url/--inventory/$KVCTL_URLS, or else the only live run; --master takes one master or an HA group (a:9003,b:9003). Read-only (GETs only). Exit 0 every replica healthy (and the master reachable when one is targeted), 1 otherwise, 2 bad usage.
+    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes; with --ray ADDRESS, as that Ray cluster records it, its processes checked by their actors), --url/--inventory/$KVCTL_URLS, or else the only live run; --master takes one master or an HA group (a:9003,b:9003). Read-only (GETs only; --checksums adds a POST that changes nothing). Replicas of a fleet with a master that report different weight versions (or checksums) are flagged MIXED: their KV mixes in one store. Exit 0 every replica healthy (and the master reachable when one is targeted, and no mixed weights), 1 otherwise, 2 bad usage.
     """
     from kvctl.status import fleet_status
     from kvctl.targets import NoTargets, resolve_targets
@@ -48,7 +52,8 @@ def status(
         raise
     import asyncio  # lazily: --help and other commands do not need it
 
-    result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.masters, timeout, run=targets.run))
+    result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.masters, timeout, run=targets.run,
+                                      cache_prefix=targets.fleet.cache_prefix, checksums=checksums))
     if json_out:
         from kvctl.cli import output
 
@@ -74,9 +79,9 @@ def _print(result: Any) -> None:
 
     if result.run is not None:
         _print_run(result.run)
-    table = output.table("replica", "health", "version", "model", "local hit rate", "external hit rate")
+    table = output.table("replica", "health", "version", "weights", "model", "local hit rate", "external hit rate")
     for r in result.replicas:
-        table.add_row(escape(r.name), _health_cell(r), escape(r.version or "?"),
+        table.add_row(escape(r.name), _health_cell(r), escape(r.version or "?"), _weights_cell(r),
                       escape(", ".join(r.models) or "?"),
                       _rate_cell(r.local_hit_rate, r.counters, "local"),
                       _rate_cell(r.external_hit_rate, r.counters, "external"))
@@ -86,6 +91,8 @@ def _print(result: Any) -> None:
             style = "red" if not r.healthy else "yellow"
             where = "" if r.url.endswith("//" + r.name) else f" ({escape(r.url)})"
             output.show(f"[{style}]{escape(r.name)}[/]{where}: {escape(r.error)}")
+    for problem in result.weights_mixed:
+        output.show(f"[bold red]mixed weights:[/] {escape(problem)}")
     for m in result.masters:  # one master, or each of an HA group (the leader serves, standbys say not ready)
         output.show(_master_line(m))
     style = "green" if result.ok else "red"
@@ -116,6 +123,19 @@ def _health_cell(r: Any) -> str:
     if r.healthy:
         return "[green]ok[/]"
     return f"[bold red]{r.health}[/]"
+
+
+def _weights_cell(r: Any) -> str:
+    """'v2 (3f9a1c0b22de)': the weight version and, when read, the checksum digest; '?' when unknown
+    (why: --json's weight_note)."""
+    from rich.markup import escape
+
+    if r.weight_version is None and r.weight_digest is None:
+        return "[dim]?[/]"
+    text = escape(r.weight_version or "?")
+    if r.weight_digest:
+        text += f" [dim]({escape(r.weight_digest)})[/]"
+    return text + (" [bold red]workers differ[/]" if r.weight_disagreeing else "")
 
 
 def _rate_cell(rate: float | None, counters: dict[str, Any] | None, kind: str) -> str:

@@ -22,6 +22,8 @@ from kvctl.reset.leader import MasterChoice, MasterNode
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
 from kvctl.transport.vllm_client import PAUSE_TIMEOUT, ServerError, VllmClient, pause_params
+from kvctl.transport.vllm_weights import MixedWeights, WeightRow, WeightState, mixed_weights, namespace_of, \
+    read_weight_state
 
 
 @dataclass
@@ -41,6 +43,10 @@ class ResetOptions:
     clear_timeout: float = 15.0  # how long a master clear may retry keys it skipped (puts in flight)
     # With verify: prompts `kvctl probe` checks after the reset (content, not counts); STALE fails it.
     probe_prompts: list[str] | None = None
+    # With verify: replicas sharing one cache namespace but serving different weights (as read while
+    # planning) pass anyway; their checksums are then not read. kvctl.weights sets it: its plan-time
+    # weights are the old ones, and it compares the new ones' checksums itself.
+    allow_mixed_weights: bool = False
 
     def check(self) -> ResetOptions:
         """UsageError for options no reset can run with (the CLI's and the Python API's one check)."""
@@ -62,6 +68,9 @@ class ResetOptions:
         if self.probe_prompts is not None and not self.verify:
             raise UsageError("probe prompts check the reset by content: they need verify",
                              "add --verify (verify=True), or run kvctl probe on its own")
+        if self.allow_mixed_weights and not self.verify:
+            raise UsageError("allowing mixed weights relaxes --verify's check of them: it needs verify",
+                             "add --verify (verify=True), or drop --allow-mixed-weights (allow_mixed_weights=)")
         return self
 
     @property
@@ -91,6 +100,7 @@ class ReplicaPlan:
     cache_prefix: str | None = None  # as the server's own kv_connector_extra_config says
     local_only: str | None = None  # why reset_external is not sent (kvctl clears the store itself)
     error: str | None = None  # could not be planned (unreachable, dev mode off, ...)
+    weights: WeightState | None = None  # /weight_info's version, /weight_checker's digest (with verify)
 
     @property
     def has_store(self) -> bool:
@@ -119,6 +129,8 @@ class Plan:
     master_nodes: list[MasterNode] = field(default_factory=list)
     master_rpc_source: str | None = None
     master_ha: bool = False  # a master reported an HA view: re-check the leader before clearing
+    # Replicas sharing one cache namespace but serving different weights (--verify fails on it)
+    weights_mixed: list[MixedWeights] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return plain_data(self)
@@ -138,6 +150,7 @@ async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None 
                     master_group=list(fleet.master_group), master_rpc_group=list(fleet.rpc_group))
         choice = await _plan_leader(plan, shared) if plan.master_group else None
     _plan_master(plan)
+    plan_weights(plan)
     if choice is not None and choice.error and uses_master(plan):  # the first thing to fix: said first
         plan.error = f"no Mooncake master to use: {choice.error}" + (f"; also: {plan.error}" if plan.error else "")
         plan.hint = choice.hint
@@ -181,6 +194,10 @@ async def _plan_replica(replica: Replica, options: ResetOptions, http: HttpPool)
         rp.version = str(version)
         if options.connector or options.verify:
             await _learn_layout(client, replica, version, rp)
+        # the weights this reset clears for; their digest only for --verify's mixed-weights check (vLLM
+        # hashes every weight for it, holding generation meanwhile)
+        rp.weights = await read_weight_state(client, version,
+                                             checksums=options.verify and not options.allow_mixed_weights)
     if rp.error is None:
         rp.ops = _replica_ops(version, rp, options)
     return rp
@@ -217,6 +234,19 @@ async def _learn_layout(client: VllmClient, replica: Replica, version: Version, 
     else:
         rp.layout_source = "unknown (no /server_info before 0.13.0)"
     rp.store_cleared_by_vllm = _vllm_clears_store(version, rp.layout)
+
+
+def plan_weights(plan: Plan) -> None:
+    """Replicas sharing one cache namespace (the fleet's master; the cache_prefix each server runs with
+    where /server_info says, else the fleet's) that serve different weights: once resumed, each writes
+    KV of its own weights into the one store again. --verify fails on it (receipt.conclude)."""
+    rows = [WeightRow(r.name, namespace_of(r.layout, r.cache_prefix, plan.cache_prefix, plan.master is not None),
+                      r.weights.version, r.weights.digest, len(r.weights.disagreeing))
+            for r in plan.replicas if r.error is None and r.weights is not None]
+    plan.weights_mixed = mixed_weights(rows)
+    opts = plan.options
+    then = "; --verify fails on it" if opts.verify and not opts.allow_mixed_weights else ""
+    plan.notes.extend(f"mixed weights: {m.problem}{then}" for m in plan.weights_mixed)
 
 
 def _unusable_served_prefix(config: Any) -> str | None:

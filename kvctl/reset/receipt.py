@@ -54,6 +54,11 @@ class ReplicaReceipt:
     probe: dict[str, Any] | None = None
     reset: bool = False  # every step confirmed
     error: str | None = None
+    # The weights it was cleared for, read while planning: /weight_info's version and (with verify)
+    # the digest of /weight_checker's checksums; weight_note says why either is not known.
+    weight_version: str | None = None
+    weight_digest: str | None = None
+    weight_note: str | None = None
 
 
 @dataclass
@@ -103,6 +108,7 @@ class Receipt:
 
 def receipt_without_execution(plan: Plan, fleet: Fleet, elapsed: float) -> Receipt:
     replicas = [ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas]
+    _record_weights(plan, replicas)
     master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix) if plan.master else None
     if plan.error:
         summary = f"plan failed, nothing was sent: {plan.error}"
@@ -122,6 +128,9 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
     if opts.verify and master is not None:
         master_ok = master_ok and master.verified is True
     plans = {r.name: r for r in plan.replicas}
+    _record_weights(plan, replicas)
+    mixed = {} if opts.allow_mixed_weights or not opts.verify else \
+        {name: m.problem for m in plan.weights_mixed for name in m.replicas}
     for rr in replicas:
         rp = plans[rr.name]
         failed = [o for o in rr.ops if o.result == "failed"]
@@ -132,7 +141,10 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
         probe_ok = rr.probe["verdict"] == "match" if rr.probe is not None \
             else not (opts.verify and opts.probe_prompts)
         store_ok = master_ok if (needs_master or (opts.verify and master is not None)) else True
-        rr.reset = rr.error is None and not failed and canary_ok and probe_ok and store_ok
+        rr.reset = rr.error is None and not failed and canary_ok and probe_ok and store_ok and rr.name not in mixed
+        if rr.error is None and rr.name in mixed and not failed:  # cleared, but its store mixes again on resume
+            rr.error = (f"verification failed: {mixed[rr.name]}; fix: kvctl weights update on them, or "
+                        "--allow-mixed-weights (allow_mixed_weights=True) where they are meant to differ")
         if rr.error is None and not rr.reset:
             rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master, rr.probe,
                                       bool(opts.probe_prompts))
@@ -147,6 +159,15 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
         summary = (f"{done}/{len(replicas)} replica(s) reset" + (" and verified" if opts.verify else "")
                    + f"; NOT reset: {', '.join(not_reset)}")
     return Receipt(code, summary, False, opts.verify, replicas, master, plan, round(elapsed, 6), not_reset)
+
+
+def _record_weights(plan: Plan, replicas: list[ReplicaReceipt]) -> None:
+    weights = {r.name: r.weights for r in plan.replicas if r.weights is not None}
+    for rr in replicas:
+        state = weights.get(rr.name)
+        if state is not None:
+            rr.weight_version, rr.weight_digest = state.version, state.digest
+            rr.weight_note = state.note
 
 
 def _probe_inconclusive(probe: dict[str, Any]) -> str:

@@ -16,8 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+
+from packaging.version import Version
+
+from kvctl.errors import KvctlError
+from kvctl.facts.capabilities import table
+from kvctl.transport.vllm_client import ServerError, VllmClient
 
 DIGEST_CHARS = 12
 # The rank fields that hold copies of the same shard (data and prefill-context parallel).
@@ -74,14 +80,136 @@ def summarise_checksums(checksums: dict[str, str]) -> WeightChecksums:
     return WeightChecksums(digest, len(checksums), len(workers), disagreeing)
 
 
-def parse_checksum_answer(body: Any) -> dict[str, str] | None:
-    """{"checksums": {key: sha256}} -> the dict; None when the answer has another shape."""
-    if not isinstance(body, dict) or not isinstance(body.get("checksums"), dict):
-        return None
-    checksums = body["checksums"]
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in checksums.items()):
-        return None
-    return checksums
+# -- one replica's weights -------------------------------------------------------------------
+@dataclass
+class WeightState:
+    """What one replica says of its weights: the version label, and a digest of its checksums."""
+
+    version: str | None = None  # /weight_info's weight_version; None: not known (see `unknown`)
+    unknown: str | None = None  # why the version is not known, e.g. "vLLM 0.26.0 has no /weight_info"
+    digest: str | None = None  # summarise_checksums(...).digest; None: not read (see `digest_note`)
+    digest_note: str | None = None  # why there is no digest, when one was asked for
+    workers: int | None = None  # workers whose checksums the digest covers
+    disagreeing: list[str] = field(default_factory=list)  # shards whose dp/pcp copies differ
+
+    @property
+    def version_text(self) -> str:
+        return self.version if self.version is not None else f"unknown ({self.unknown})"
+
+    @property
+    def note(self) -> str | None:
+        """Why the version (or the digest asked for) is not known, in one line."""
+        return "; ".join(n for n in (self.unknown, self.digest_note) if n) or None
 
 
-__all__ = ["DIGEST_CHARS", "WeightChecksums", "parse_checksum_answer", "split_rank", "summarise_checksums"]
+async def read_weight_state(client: VllmClient, version: Version, *, checksums: bool) -> WeightState:
+    """/weight_info (and, with `checksums`, /weight_checker) of one replica, asked only where its vLLM
+    release has the route. Never raises for a failed answer: it lands in `unknown`/`digest_note`."""
+    state = WeightState()
+    missing = _missing(version, "http.weight_info", "/weight_info")
+    if missing:
+        state.unknown = missing
+    else:
+        try:
+            state.version = await client.weight_info()
+            if state.version is None:
+                state.unknown = "/weight_info answered 404 (dev mode off? it needs VLLM_SERVER_DEV_MODE=1)"
+        except ServerError as exc:
+            state.unknown = f"/weight_info failed: {exc.message}"
+    if not checksums:
+        return state
+    missing = _missing(version, "http.weight_checker", "/weight_checker")
+    if missing:
+        state.digest_note = missing
+        return state
+    try:
+        found = await client.weight_checksums()
+    except ServerError as exc:
+        state.digest_note = f"/weight_checker failed: {exc.message}"
+        return state
+    if found is None:
+        state.digest_note = "/weight_checker answered 404 (dev mode off?)"
+        return state
+    summary = summarise_checksums(found)
+    state.digest, state.workers, state.disagreeing = summary.digest, summary.workers, summary.disagreeing
+    return state
+
+
+def _missing(version: Version, capability: str, route: str) -> str | None:
+    """Why `version` cannot answer `route` (the capability table says so), or None: ask it.
+
+    A table without the capability id (an older data file) gives no verdict: the route is asked,
+    and a 404 then says it is missing."""
+    try:
+        has = table().has(version, capability)
+    except KvctlError:
+        return None
+    if has:
+        return None
+    since = table().capability(capability).span.since
+    return f"vLLM {version} has no {route}" + (f" (first in {since})" if since and since != "never" else "")
+
+
+# -- a fleet's weights --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WeightRow:
+    """One replica as the mixed-weights check sees it. `namespace`: the cache namespace its KV
+    lives in (see `namespace_of`); None: it shares no store with anyone."""
+
+    name: str
+    namespace: str | None
+    version: str | None
+    digest: str | None = None
+    disagreeing: int = 0
+
+
+def namespace_of(layout: list[str] | None, served_prefix: str | None, fleet_prefix: str | None,
+                 fleet_has_master: bool) -> str | None:
+    """The cache namespace a replica's KV shares with the rest of its fleet, or None when it shares
+    none. A fleet's replicas talk to the fleet's master; on it, keys are `<cache_prefix>@<hash>` (or
+    the bare hash), so one namespace is one cache_prefix. A replica that names no store-backed
+    connector (layout [], or P2P connectors only) keeps its KV to itself; one whose layout is not
+    known shares the fleet's namespace only when the fleet names its master."""
+    if layout is None:
+        return (fleet_prefix or "") if fleet_has_master else None
+    t = table()
+    stores = [n for n in layout if n != "MultiConnector" and (t.connector(n) is None or t.connector(n).store != "none")]
+    if not stores:
+        return None
+    return served_prefix if served_prefix is not None else (fleet_prefix or "")
+
+
+@dataclass(frozen=True)
+class MixedWeights:
+    """Replicas whose KV mixes in one store although it comes from different weights."""
+
+    problem: str  # one sentence: which replicas, which versions or digests
+    replicas: list[str]  # every replica of the namespace (or the one whose workers disagree)
+
+
+def mixed_weights(rows: Iterable[WeightRow]) -> list[MixedWeights]:
+    """Each cache namespace whose replicas serve different weights: different versions or, where
+    they have one, different digests; [] when none. A replica whose own workers disagree is named too
+    (it mixes on its own). Replicas whose weights are not known are not judged."""
+    groups: dict[str, list[WeightRow]] = {}
+    found: list[MixedWeights] = []
+    for row in rows:
+        if row.disagreeing:
+            found.append(MixedWeights(f"{row.name}'s workers hold different weights ({row.disagreeing} shard(s) "
+                                      "differ between its data/context-parallel copies)", [row.name]))
+        if row.namespace is not None:
+            groups.setdefault(row.namespace, []).append(row)
+    for namespace, members in sorted(groups.items()):
+        where = f"cache_prefix '{namespace}'" if namespace else "the master's unprefixed keys"
+        for what, values in (("weight versions", {r.name: r.version for r in members if r.version is not None}),
+                             ("weight checksums", {r.name: r.digest for r in members if r.digest is not None})):
+            if len(set(values.values())) > 1:
+                listed = ", ".join(f"{name}={value}" for name, value in values.items())
+                found.append(MixedWeights(f"replicas sharing {where} run different {what} ({listed}): their KV "
+                                          "mixes in one store", [r.name for r in members]))
+                break  # different versions say it; their checksums differ too
+    return found
+
+
+__all__ = ["DIGEST_CHARS", "MixedWeights", "WeightChecksums", "WeightRow", "WeightState", "mixed_weights", "namespace_of",
+           "read_weight_state", "split_rank", "summarise_checksums"]

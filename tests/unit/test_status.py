@@ -169,13 +169,16 @@ def test_cli_json_shape(cli, doubles: DoubleFleet) -> None:
     result = cli("status", "--url", url, "--url", down, "--master", master, "--json", "--timeout", "2")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
-    assert set(data) == {"ok", "exit_code", "summary", "elapsed_s", "run", "replicas", "master", "masters"}
+    assert set(data) == {"ok", "exit_code", "summary", "elapsed_s", "run", "replicas", "master", "masters",
+                         "weights_mixed"}
     assert data["masters"] == [data["master"]]  # one master: the list holds it alone
     assert data["ok"] is False and data["exit_code"] == 1 and data["run"] is None
     first, second = data["replicas"]
     assert set(first) == {"name", "url", "healthy", "health", "http_status", "version", "models", "block_size",
-                          "local_hit_rate", "external_hit_rate", "counters", "latency_s", "error"}
+                          "local_hit_rate", "external_hit_rate", "counters", "latency_s", "error",
+                          "weight_version", "weight_digest", "weight_note", "weight_disagreeing"}
     assert first["healthy"] is True and first["local_hit_rate"] is None and first["counters"]["local_queries"] == 0
+    assert first["weight_version"] == "default" and data["weights_mixed"] == []
     assert second["healthy"] is False and second["health"] == "down"
     assert data["master"] == {"address": master, "reachable": True, "key_count": 0, "allocated_bytes": 0,
                               "total_capacity_bytes": 256 * 1024 * 1024, "active_clients": 0, "error": None}
@@ -305,3 +308,49 @@ def test_cli_run_whose_master_process_is_gone_but_port_answers(cli, doubles: Dou
     data = json.loads(cli("status", "--run", "run-m", "--state-dir", str(tmp_path), "--master", other,
                           "--json").stdout)
     assert data["master"]["reachable"] is True and data["ok"] is True
+
+
+# -- weights (issue 26) ---------------------------------------------------------------------------
+def test_weight_versions_per_replica_and_the_mixed_flag(cli, doubles: DoubleFleet) -> None:
+    """Replicas of one fleet (one master, one cache_prefix) that serve different weights: flagged,
+    exit 1. The same replicas with no master named share nothing kvctl knows of: not flagged."""
+    store = SharedStore()
+    a, b = VllmDouble(store=store, name="a"), VllmDouble(store=store, name="b")
+    old = VllmDouble("0.26.0", store=store, name="old")
+    urls = [doubles.add(a), doubles.add(b), doubles.add(old)]
+    master = doubles.add_master(MasterDouble(store))
+    b.weight_version = "v2"
+
+    result = status_of(urls, master)
+    assert [r.weight_version for r in result.replicas] == ["default", "v2", None]
+    assert result.replicas[2].weight_note == "vLLM 0.26.0 has no /weight_info (first in 0.27.0)"
+    assert len(result.weights_mixed) == 1 and "r0=default, r1=v2" in result.weights_mixed[0]
+    assert not result.ok and "MIXED WEIGHTS" in result.summary
+    assert status_of(urls[:2]).weights_mixed == []  # no master: no namespace known to be shared
+
+    out = cli("status", "--url", urls[0], "--url", urls[1], "--master", master, "--timeout", "2")
+    assert out.exit_code == 1 and "mixed weights:" in out.stdout and "v2" in out.stdout
+    b.weight_version = "default"
+    assert cli("status", "--url", urls[0], "--url", urls[1], "--master", master, "--timeout", "2").exit_code == 0
+
+
+def test_checksums_catch_same_label_different_weights(cli, doubles: DoubleFleet) -> None:
+    store = SharedStore()
+    a, b = VllmDouble(store=store, weights="seed-0"), VllmDouble(store=store, weights="seed-1")
+    urls = [doubles.add(a), doubles.add(b)]
+    master = doubles.add_master(MasterDouble(store))
+    plain = status_of(urls, master)  # versions only: both say "default"
+    assert plain.weights_mixed == [] and plain.replicas[0].weight_digest is None
+    assert not any(c.path == "/weight_checker" for c in a.calls)  # no hashing unless asked
+
+    result = cli("status", "--url", urls[0], "--url", urls[1], "--master", master, "--checksums", "--json",
+                 "--timeout", "2")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 1 and len(data["weights_mixed"]) == 1
+    assert "different weight checksums" in data["weights_mixed"][0]
+    digests = [r["weight_digest"] for r in data["replicas"]]
+    assert len(set(digests)) == 2 and all(len(d) == 12 for d in digests)
+    b.weights = "seed-0"
+    again = json.loads(cli("status", "--url", urls[0], "--url", urls[1], "--master", master, "--checksums",
+                           "--json", "--timeout", "2").stdout)
+    assert again["ok"] and again["replicas"][0]["weight_digest"] == again["replicas"][1]["weight_digest"]

@@ -276,16 +276,15 @@ class VllmClient(HttpClientBase):
         None where the route is missing (404). vLLM hashes every weight on every worker for it, on
         the workers' own loop (generation waits meanwhile): seconds on a large model, hence its own
         bound and no retry. Summarise with kvctl.transport.vllm_weights.summarise_checksums."""
-        from kvctl.transport.vllm_weights import parse_checksum_answer
-
         outcome = await self.call("POST", "/weight_checker", json={"action": "checksum"}, retries=0,
                                   timeout=max(self.timeout, timeout))
         if outcome.status == 404:
             return None
         if not outcome.ok:
             raise ServerError(f"{outcome.url}: {outcome.error}", "check the URL and that the server is up")
-        checksums = parse_checksum_answer(outcome.body)
-        if checksums is None:
+        checksums = outcome.body.get("checksums") if isinstance(outcome.body, dict) else None
+        if not isinstance(checksums, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                      for k, v in checksums.items()):
             raise ServerError(f"{outcome.url}: answer is not {{\"checksums\": {{...}}}}: {str(outcome.body)[:200]!r}")
         return checksums
 

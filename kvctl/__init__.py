@@ -1,8 +1,8 @@
 """kvctl: configure, start, check and hard-reset vLLM servers that offload KV cache to Mooncake.
 
 Importing kvctl is cheap: no vllm, torch, mooncake, typer or rich. The Python API
-(`kvctl.hard_reset`, `kvctl.hard_reset_async`, `kvctl.ResetFailed`, `kvctl.probe`, `kvctl.probe_async`)
-loads on first use. No submodule of kvctl may take one of these names: once imported, it would shadow
+(`kvctl.hard_reset`, `kvctl.hard_reset_async`, `kvctl.ResetFailed`, `kvctl.probe`, `kvctl.probe_async`,
+`kvctl.update_weights`, `kvctl.update_weights_async`, `kvctl.WeightsUpdateFailed`) loads on first use. No submodule of kvctl may take one of these names: once imported, it would shadow
 the function (tests/unit/reset/test_probe.py checks).
 """
 
@@ -12,7 +12,8 @@ from typing import Any
 
 from kvctl._version import __version__ as __version__  # the public face
 
-_API = ("hard_reset", "hard_reset_async", "ResetFailed", "probe", "probe_async")
+_API = ("hard_reset", "hard_reset_async", "ResetFailed", "probe", "probe_async", "update_weights",
+        "update_weights_async", "WeightsUpdateFailed")
 
 
 def __getattr__(name: str) -> Any:

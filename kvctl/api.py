@@ -25,6 +25,7 @@ from kvctl.targets import build_fleet
 
 if TYPE_CHECKING:
     from kvctl.reset.probe import ProbeReport
+    from kvctl.weights.receipt import WeightsReceipt
 
 T = TypeVar("T")
 
@@ -112,6 +113,72 @@ async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | Non
 def probe(urls: list[str] | None = None, **kwargs: object) -> ProbeReport:
     """Blocking twin of probe_async (same arguments). Call it from code without a running loop."""
     return _blocking("probe", probe_async, urls, **kwargs)
+
+
+class WeightsUpdateFailed(KvctlError):
+    """The weight update did not complete (or was not verified) on every replica. `.receipt` says why."""
+
+    def __init__(self, receipt: WeightsReceipt) -> None:
+        details = "; ".join(f"{r.name}: {r.error}" for r in receipt.replicas if not r.updated and r.error)
+        super().__init__(receipt.summary + (f" ({details})" if details else ""),
+                         receipt.plan.hint if receipt.plan.error else None)
+        self.exit_code = receipt.exit_code
+        self.receipt = receipt
+
+
+async def update_weights_async(
+    from_path: str | Path,
+    version: str | None = None,
+    *,
+    urls: list[str] | None = None,
+    inventory: str | Path | None = None,
+    master: str | None = None,
+    master_rpc: str | None = None,
+    run: str | None = None,
+    state_dir: str | Path | None = None,
+    ray: str | None = None,
+    remote_path: bool = False,
+    verify: bool = False,
+    probe_prompts: list[str] | None = None,
+    resume_failed: bool = False,
+    dry_run: bool = False,
+    reload_timeout: float = 600.0,
+    pause_timeout: float = 120.0,
+    whole_master: bool = False,
+    clear_timeout: float = 15.0,
+    timeout: float = 10.0,
+    retries: int = 2,
+    concurrency: int = 256,
+    raise_on_failure: bool = False,
+) -> WeightsReceipt:
+    """New weights on every replica and every cache cleared, as `kvctl weights update` does: pause the
+    fleet, reload `from_path` (a folder of *.safetensors) on each replica, set `version`, hard-reset
+    (prefix cache, Mooncake store, mm and encoder caches), resume, verify. Same targets as hard_reset.
+
+    Returns the receipt (`.to_dict()`: the CLI's --json). A replica whose reload failed stays paused
+    unless resume_failed. With raise_on_failure, a receipt that is not fully ok raises
+    WeightsUpdateFailed (carrying the receipt). Bad arguments raise kvctl.errors.UsageError.
+    """
+    from kvctl.weights.execute import update_fleet
+    from kvctl.weights.plan import WeightsOptions
+
+    options = WeightsOptions(from_path, version=version, remote_path=remote_path, verify=verify,  # type: ignore[arg-type]
+                             probe_prompts=_prompts(probe_prompts), dry_run=dry_run, resume_failed=resume_failed,
+                             timeout=timeout, retries=retries, concurrency=concurrency, pause_timeout=pause_timeout,
+                             reload_timeout=reload_timeout, whole_master=whole_master,
+                             clear_timeout=clear_timeout).check()
+    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
+                        run=run, state_dir=str(state_dir) if state_dir else None,
+                        master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
+    receipt = await update_fleet(fleet, options)
+    if raise_on_failure and not receipt.ok:
+        raise WeightsUpdateFailed(receipt)
+    return receipt
+
+
+def update_weights(from_path: str | Path, version: str | None = None, **kwargs: object) -> WeightsReceipt:
+    """Blocking twin of update_weights_async (same arguments). Call it from code without a running loop."""
+    return _blocking("update_weights", update_weights_async, from_path, version, **kwargs)
 
 
 def _urls(urls: object) -> list[str] | None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvctl._version import __version__
-from kvctl.cli import compat, config
+from kvctl.cli import compat, config, weights
 from kvctl.cli.coercion import install as install_coercion
 from kvctl.cli.doctor import doctor
 from kvctl.cli.probe import probe
@@ -31,6 +31,7 @@ app = typer.Typer(
 )
 app.add_typer(config.app, name="config")
 app.add_typer(compat.app, name="compat")
+app.add_typer(weights.app, name="weights")
 app.command("reset")(reset)
 app.command("probe")(probe)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)

@@ -5,6 +5,10 @@ primes the canaries (with --verify, kvctl.reset.verify), pauses (with --pause), 
 at once (bounded), clears the master where needed (kvctl.reset.master), always resumes, verifies,
 and concludes the receipt (kvctl.reset.receipt).
 
+A caller may run its own step on every replica while the fleet is paused (`WhilePaused`: a weight
+reload, kvctl.weights): after the pause, before the cache ops, so no replica serves a request between
+that step and the end of its cache clear.
+
 Nothing here prints: the CLI and the Python API (kvctl.api) render the receipt.
 """
 
@@ -13,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from kvctl.facts.versions import parse_version
 from kvctl.interrupt import exit_code_for, signal_of
@@ -25,6 +31,22 @@ from kvctl.reset.receipt import MasterReceipt, OpResult, Receipt, ReplicaReceipt
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
 from kvctl.transport.vllm_client import CallOutcome, VllmClient, reset_answer_error
+
+T = TypeVar("T")
+
+
+@dataclass
+class WhilePaused:
+    """A step run on each live replica after the pause and before the cache ops (kvctl.weights'
+    reload). A replica whose step failed is kept paused at the end (it must not serve beside
+    replicas running other weights in one cache namespace) unless `resume_failed`; a signal still
+    resumes every replica kvctl paused. The executor fills in the timings."""
+
+    run: Callable[[ReplicaPlan, VllmClient], Awaitable[OpResult]]
+    resume_failed: bool = False
+    failed: list[str] = field(default_factory=list)  # replicas whose step failed (kept paused unless resume_failed)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: pause, step, reset, resume, verify
+    paused_s: float | None = None  # the fleet's paused window: first pause sent -> last resume answered
 
 
 # -- execute ------------------------------------------------------------------------------
@@ -41,22 +63,24 @@ async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
 
 
 async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
-                       http: HttpPool | None = None) -> Receipt:
+                       http: HttpPool | None = None, while_paused: WhilePaused | None = None) -> Receipt:
     """Execute under the reset lock of every replica planned (kvctl.reset.lock): a second reset of
-    any of them from this machine is refused, with nothing sent."""
+    any of them from this machine is refused, with nothing sent. `while_paused`: see WhilePaused."""
     start = time.perf_counter() if start is None else start
     try:
         with reset_lock([r.url for r in plan.replicas if r.error is None]):
             async with shared_pool(http, len(fleet.replicas)) as shared:
-                return await _execute(plan, fleet, start, shared)
+                return await _execute(plan, fleet, start, shared, while_paused)
     except Busy as exc:
         plan.error = f"{exc}: two resets of one replica at once undo each other's pause"
         plan.hint = "wait for that reset to finish (or stop it), then reset again"
         return receipt_without_execution(plan, fleet, time.perf_counter() - start)
 
 
-async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Receipt:
+async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
+                   step: WhilePaused | None = None) -> Receipt:
     opts = plan.options
+    clock = _Clock(step.phases if step is not None else {})
     by_name = {r.name: r for r in fleet.replicas}
     receipts = {r.name: ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas}
     live = [r for r in plan.replicas if r.error is None]
@@ -81,27 +105,36 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
                 if op.op in names:
                     receipts[rp.name].ops.append(await _run_op(client, rp, op, opts))
 
+    async def run_step(rp: ReplicaPlan) -> None:
+        assert step is not None
+        async with replica_client(by_name[rp.name], opts, http) as client:
+            result = await _guarded_step(step, rp, client)
+        receipts[rp.name].ops.append(result)
+        if result.result == "failed":
+            step.failed.append(rp.name)
+
     if opts.verify:
         await each(prime)
     owner_paused: set[str] = set()  # paused by their owner before the reset: left paused after it
     stuck: list[str] = []  # replicas whose pause failed, timed out or was cut short
     interrupted: str | None = None  # the signal that ended the reset early (kvctl.interrupt)
+    paused_at: float | None = None
+    held: set[str] = set()  # replicas kept paused at the end: their step failed
     try:
         if opts.pausing:
-            stuck = await _pause_all(live, by_name, opts, http, sem, receipts, owner_paused)
+            paused_at = time.perf_counter()
+            stuck = await clock.timed("pause", _pause_all(live, by_name, opts, http, sem, receipts, owner_paused))
         if stuck:
             for rp in live:
                 if rp.name not in stuck:
                     receipts[rp.name].error = (f"not reset: the pause failed on {', '.join(stuck)}, so nothing "
                                                "was reset; this replica was resumed at once")
         else:
-            await each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache", "encoder_cache")))
-            leading = master is None or not uses_master(plan) or not ha_group(plan) \
-                or await master_clear.recheck_leader(master, plan, http)
-            if master is not None and plan.master_clear and leading:
-                await master_clear.clear_master(master, plan, http)
-            if master is not None and opts.verify and leading:
-                await master_clear.count_master_keys(master, opts, http)  # counted already by a clear: judged only
+            if step is not None:
+                await clock.timed("step", each(run_step))
+            await clock.timed("reset", _reset_phase(plan, master, opts, http,
+                                                    each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache",
+                                                                                   "encoder_cache")))))
     except asyncio.CancelledError as exc:
         interrupted = signal_of(exc)
         if interrupted is None:
@@ -109,21 +142,79 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool) -> Re
         _uncancel()  # the interruption is handled here: the resume below must run to its end
     finally:
         if opts.pausing:
-            resumable = [rp for rp in live if rp.name not in owner_paused]
-            await asyncio.shield(_resume_all(resumable, stuck, by_name, opts, http, sem, receipts))
+            # a signal resumes every replica kvctl paused; otherwise a failed step keeps its replica paused
+            if step is not None and interrupted is None and not step.resume_failed:
+                held = set(step.failed)
+            resumable = [rp for rp in live if rp.name not in owner_paused and rp.name not in held]
+            await asyncio.shield(clock.timed("resume", _resume_all(resumable, stuck, by_name, opts, http, sem,
+                                                                   receipts)))
+            if step is not None and paused_at is not None:
+                step.paused_s = round(time.perf_counter() - paused_at, 6)
+            _note_held(receipts, held, by_name)
     if interrupted is not None:
         return _interrupted(conclude(plan, list(receipts.values()), master, time.perf_counter() - start),
                             interrupted, opts.pausing)
     if opts.verify and not stuck:
+        serving = [rp for rp in live if rp.name not in held]  # a replica kept paused cannot answer a canary
+
         async def check(rp: ReplicaPlan) -> None:
             canary = canaries.get(rp.name)
-            if canary is not None:
+            if canary is not None and rp.name not in held:
                 async with replica_client(by_name[rp.name], opts, http) as client:
                     receipts[rp.name].canary = await canary.check(client)
-        await each(check)
-        if opts.probe_prompts:
-            await verify.probe_after(live, by_name, opts, http, receipts)
+        await clock.timed("verify", _verify_phase(each(check), serving, by_name, opts, http, receipts))
     return conclude(plan, list(receipts.values()), master, time.perf_counter() - start)
+
+
+async def _guarded_step(step: WhilePaused, rp: ReplicaPlan, client: VllmClient) -> OpResult:
+    """The caller's step; an exception it did not expect is its failure, not the whole fleet's."""
+    try:
+        return await step.run(rp, client)
+    except Exception as exc:  # noqa: BLE001 - reported in the receipt, the fleet's resume must still run
+        return OpResult("while_paused", "failed", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _reset_phase(plan: Plan, master: MasterReceipt | None, opts: ResetOptions, http: HttpPool,
+                       cache_ops: Awaitable[None]) -> None:
+    """Every replica's cache ops at once, then the master clear where vLLM does not clear the store."""
+    await cache_ops
+    leading = master is None or not uses_master(plan) or not ha_group(plan) \
+        or await master_clear.recheck_leader(master, plan, http)
+    if master is not None and plan.master_clear and leading:
+        await master_clear.clear_master(master, plan, http)
+    if master is not None and opts.verify and leading:
+        await master_clear.count_master_keys(master, opts, http)  # counted already by a clear: judged only
+
+
+async def _verify_phase(canaries: Awaitable[None], serving: list[ReplicaPlan], by_name: dict[str, Replica],
+                        opts: ResetOptions, http: HttpPool, receipts: dict[str, ReplicaReceipt]) -> None:
+    await canaries
+    if opts.probe_prompts and serving:
+        await verify.probe_after(serving, by_name, opts, http, receipts)
+
+
+def _note_held(receipts: dict[str, ReplicaReceipt], held: set[str], by_name: dict[str, Replica]) -> None:
+    """Say how to resume each replica kept paused because its step failed."""
+    for name in sorted(held):
+        rr = receipts[name]
+        why = rr.error or "; ".join(f"{o.op}: {o.error}" for o in rr.ops if o.result == "failed")
+        note = (f"kept paused: its step failed, and it must not serve beside the others in one cache namespace; "
+                f"resume it as it is with `curl -X POST {by_name[name].url}/resume`")
+        rr.error = f"{why}; {note}" if why else note
+
+
+class _Clock:
+    """Wall-clock seconds of each phase, into the caller's dict."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases = phases
+
+    async def timed(self, name: str, work: Awaitable[T]) -> T:
+        started = time.perf_counter()
+        try:
+            return await work
+        finally:
+            self.phases[name] = round(time.perf_counter() - started, 6)
 
 
 def _interrupted(receipt: Receipt, signal_name: str, pausing: bool) -> Receipt:
@@ -250,4 +341,4 @@ async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: Rese
                     outcome.attempts, error, detail)
 
 
-__all__ = ["execute_plan", "hard_reset_fleet"]
+__all__ = ["WhilePaused", "execute_plan", "hard_reset_fleet"]

@@ -41,6 +41,7 @@ from packaging.version import InvalidVersion, Version
 from .faults import Call, Faults
 from .server import DoubleServer, Handler, _phrase, _prom_float, _prom_labels
 from .store import SharedStore
+from .vllm_weights import V_CACHE_SALT, WeightsModel
 
 VersionTuple = tuple[int, int, int]
 
@@ -158,7 +159,7 @@ _TRUE = {"true", "1", "yes", "on", "t", "y"}
 _FALSE = {"false", "0", "no", "off", "f", "n"}
 
 
-class VllmDouble(DoubleServer):
+class VllmDouble(WeightsModel, DoubleServer):
     """TEST DOUBLE of one ``vllm serve`` API server (OpenAI-compatible + dev routes).
 
     Args (all kept as public attributes; change them between requests if a test needs to):
@@ -192,6 +193,11 @@ class VllmDouble(DoubleServer):
             from it, per worker (``tensor_parallel`` x ``data_parallel`` workers). ``rank_weights``
             (``{"dp1:pp0:pcp0:tp0:": "other"}``) gives one worker other weights; ``weight_version``
             is what ``/weight_info`` reports (``"default"`` until set, as in vLLM).
+            ``/collective_rpc reload_weights(weights_path=DIR)`` replaces it with DIR's weights
+            (:mod:`tests.doubles.vllm_weights`); the prefix cache keeps the old weights' KV.
+        weight_answers: completions derive from the weights that computed their KV, with
+            log-probabilities, and ``cache_salt`` is honoured (:mod:`tests.doubles.vllm_weights`);
+            off, answers are fixed words with ``logprobs: null`` and ``cache_salt`` is ignored.
         faults: a :class:`Faults`.
 
     State: ``calls``, ``paused``, ``pause_mode``, ``local_blocks`` (set of block hashes),
@@ -227,6 +233,7 @@ class VllmDouble(DoubleServer):
         weights: str | None = None,
         tensor_parallel: int = 1,
         data_parallel: int = 1,
+        weight_answers: bool = False,
     ) -> None:
         super().__init__(faults, name)
         self.version = version
@@ -250,6 +257,7 @@ class VllmDouble(DoubleServer):
         self.rank_weights: dict[str, str] = {}  # a worker (rank prefix) that holds other weights
         # /collective_rpc methods the double's workers know: name -> f(kwargs) -> one worker's result
         self.rpc_methods: dict[str, Callable[[dict[str, Any]], Any]] = {}
+        self._init_weights(weight_answers)  # reload_weights, and the weights each cached block holds
         self.engine_id = str(uuid.uuid4())
         self.created = int(time.time())
         self.start_time = time.time()
@@ -374,10 +382,12 @@ class VllmDouble(DoubleServer):
         raise _BadRequest(400, "prompt must be a string or a list of token ids (the double "
                                "serves one prompt per request)", "BadRequestError", "prompt")
 
-    def block_hashes(self, ids: list[int]) -> list[str]:
-        """Chained hashes of the full blocks of ``ids`` (same prefix -> same hashes)."""
+    def block_hashes(self, ids: list[int], salt: str | None = None) -> list[str]:
+        """Chained hashes of the full blocks of ``ids`` (same prefix -> same hashes; a cache_salt
+        changes them all, as vLLM mixes it into the first block's hash)."""
         bs = self.block_size
-        parent = hashlib.sha256(f"{self.hash_seed}|{self.model}".encode()).hexdigest()[:32]
+        root = f"{self.hash_seed}|{self.model}" + (f"|salt={salt}" if salt is not None else "")
+        parent = hashlib.sha256(root.encode()).hexdigest()[:32]
         hashes = []
         for i in range(len(ids) // bs):
             block = ",".join(str(t) for t in ids[i * bs:(i + 1) * bs])
@@ -399,10 +409,12 @@ class VllmDouble(DoubleServer):
     def _saves(self) -> bool:
         return self.store_backed and self.kv_role in ("kv_producer", "kv_both")
 
-    def _prefill(self, ids: list[int], completion_tokens: int) -> tuple[int, int]:
-        """Run the cache model for one request; returns (local hit tokens, external hit tokens)."""
+    def _prefill(self, ids: list[int], completion_tokens: int,
+                 salt: str | None = None) -> tuple[int, int, set[str]]:
+        """Run the cache model for one request; returns (local hit tokens, external hit tokens, the
+        weights the hit KV was computed with)."""
         n, bs = len(ids), self.block_size
-        hashes = self.block_hashes(ids)
+        hashes = self.block_hashes(ids, salt)
         max_hit = (n - 1) // bs if n else 0
         local = 0
         while local < max_hit and hashes[local] in self.local_blocks:
@@ -413,10 +425,15 @@ class VllmDouble(DoubleServer):
             while (local + external < max_hit
                    and self.store_key(hashes[local + external]) in self.store):
                 external += 1
+        kv = self.kv_weights(hashes, local, external)
+        new_blocks = [h for h in hashes if h not in self.local_blocks]
         self.local_blocks.update(hashes)
+        new_keys: list[str] = []
         if self._saves():
             assert self.store is not None
+            new_keys = [k for k in (self.store_key(h) for h in hashes) if k not in self.store]
             self.store.add_many(self.store_key(h) for h in hashes)
+        self.remember_weights(new_blocks, new_keys)
 
         local_tokens, external_tokens = local * bs, external * bs
         c = self.counters
@@ -432,7 +449,7 @@ class VllmDouble(DoubleServer):
         c.prompt_tokens_local_cache_hit += local_tokens
         c.prompt_tokens_external_kv_transfer += external_tokens
         c.prompt_tokens_local_compute += n - local_tokens - external_tokens
-        return local_tokens, external_tokens
+        return local_tokens, external_tokens, kv
 
     def _reset_local(self) -> None:
         self.local_blocks.clear()
@@ -594,7 +611,8 @@ class VllmDouble(DoubleServer):
                 return self._error(503, "The engine is paused (double: timed out waiting for "
                                         "/resume).", "ServiceUnavailableError")
 
-        local, external = self._prefill(ids, max_tokens)
+        salt = body.get("cache_salt") if self.weight_answers and self.v >= V_CACHE_SALT else None
+        local, external, kv = self._prefill(ids, max_tokens, salt)
         usage: dict[str, Any] = {
             "prompt_tokens": n,
             "total_tokens": n + max_tokens,
@@ -614,6 +632,7 @@ class VllmDouble(DoubleServer):
                 "finish_reason": "length",
                 "stop_reason": None,
                 "prompt_logprobs": None,
+                **(self.weight_answer(ids, kv, max_tokens) if self.weight_answers else {}),
             }],
             "usage": usage,
             "system_fingerprint": None,

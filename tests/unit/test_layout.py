@@ -20,6 +20,7 @@ ALLOWED = {
     "kvctl.transport": {"kvctl.facts"},
     "kvctl.serve": {"kvctl.facts", "kvctl.config", "kvctl.transport"},
     "kvctl.reset": {"kvctl.facts", "kvctl.transport", "kvctl.targets"},
+    "kvctl.weights": {"kvctl.facts", "kvctl.transport", "kvctl.targets", "kvctl.reset"},
 }
 
 

@@ -8,7 +8,9 @@ from tools.capabilities.source import SourceTree, callee_name, functions, import
     own_nodes, str_const
 
 ROUTES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/pause", "/resume",
-          "/is_paused", "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/server_info")
+          "/is_paused", "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/server_info",
+          # the weight-update surface (kvctl weights): version label, its reader, per-worker checksums
+          "/update_weight_version", "/weight_info", "/weight_checker")
 METHODS = {"get", "post", "put", "delete", "patch"}
 DEV_FLAG = "VLLM_SERVER_DEV_MODE"
 ENTRY = "vllm/entrypoints/"

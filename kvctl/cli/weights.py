@@ -1,0 +1,148 @@
+"""`kvctl weights`: new weights on every replica with every cache cleared (update), and what each runs (show)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from kvctl.cli.errors import exit_interrupted, handle_errors
+from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, StateDirOpt, UrlsOpt
+
+app = typer.Typer(help="Update the weights of every replica as one verified fleet operation, and show what each runs.",
+                  no_args_is_help=True)
+
+
+@app.command("update")
+@handle_errors
+def update(
+    from_path: Annotated[Path, typer.Option("--from", metavar="PATH", show_default=False, help="The folder of the new weights (*.safetensors), as the servers will read it: each reloads it in place (collective_rpc reload_weights, vLLM >= 0.16.0, dev mode).")],
+    version: Annotated[Optional[str], typer.Option("--version", metavar="V", help="Label the new weights (POST /update_weight_version, vLLM >= 0.27.0); GET /weight_info then says V.")] = None,
+    run: RunOpt = None,
+    url: UrlsOpt = None,
+    inventory: InventoryOpt = None,
+    master: MasterOpt = None,
+    master_rpc: MasterRpcOpt = None,
+    remote_path: Annotated[bool, typer.Option("--remote-path", help="PATH is on the servers' machines, not this one: kvctl does not look for it here (it must be absolute).")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Prove the caches hold nothing of the old weights: master key count 0 and a canary prompt with no cache hit after the update.")] = False,
+    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: check these prompts by content after the update (kvctl probe); only a match verifies. One prompt a line, or JSONL.")] = None,
+    resume_failed: Annotated[bool, typer.Option("--resume-failed", help="Resume a replica whose reload failed anyway. Without it such a replica stays paused: it must not serve other weights beside the others in one cache namespace.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
+    reload_timeout: Annotated[float, typer.Option("--reload-timeout", metavar="S", help="Seconds one reload may take (it reads every weight from disk).")] = 600.0,
+    pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (it waits for in-flight requests).")] = 120.0,
+    whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too (as kvctl reset --whole-master).")] = False,
+    clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped.")] = 15.0,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds (not the reload's: --reload-timeout).")] = 10.0,
+    retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx (never for the reload).")] = 2,
+    concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Replicas handled at once.")] = 256,
+    ray: RayOpt = None,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Reload new weights on every replica, set their version, and hard-reset every cache, while the fleet is paused.
+
+    Plans from each replica's live version and refuses before anything is paused when a replica cannot take a step. Pause every replica; reload PATH; set the version; clear the local prefix cache, the Mooncake store (scoped as kvctl reset scopes it), mm and encoder caches; resume; verify (checksums equal on every replica where vLLM reports them). Exit 0 all updated, 1 none updated or refused, 2 bad usage, 3 partial (the replicas not updated are named, with the commands that finish or undo them).
+    """
+    from kvctl.targets import build_fleet
+    from kvctl.weights.execute import update_fleet
+    from kvctl.weights.plan import WeightsOptions
+
+    options = WeightsOptions(str(from_path), version=version, remote_path=remote_path, verify=verify,
+                             dry_run=dry_run, resume_failed=resume_failed, timeout=timeout, retries=retries,
+                             concurrency=concurrency, pause_timeout=pause_timeout, reload_timeout=reload_timeout,
+                             whole_master=whole_master, clear_timeout=clear_timeout)
+    if probe_prompts is not None:
+        from kvctl.reset.probe import load_prompts
+
+        options.probe_prompts = load_prompts(probe_prompts)
+    options.check()
+    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc, ray=ray)
+    import asyncio  # lazily: --help and other commands do not need it
+
+    from kvctl.interrupt import interruptible
+
+    try:  # SIGINT, SIGTERM and SIGHUP: every replica kvctl paused is resumed, the receipt says each one's state
+        receipt = asyncio.run(interruptible(update_fleet(fleet, options)))
+    except asyncio.CancelledError as exc:  # before anything was paused (the plan, the checksums, the canaries)
+        exit_interrupted(exc, json_out, "before anything was paused or reloaded: nothing was changed")
+    if json_out:
+        from kvctl.cli import output
+
+        output.print_json(receipt.to_dict())
+    else:
+        _print(receipt)
+    raise typer.Exit(receipt.exit_code)
+
+
+def _print(receipt: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    plan = receipt.plan
+    if plan.error:
+        output.err_console().print(f"[bold red]refused, nothing was paused or sent:[/] {escape(plan.error)}",
+                                   soft_wrap=True)
+        if plan.hint:
+            output.err_console().print(f"  [bold]fix:[/] {escape(plan.hint)}", soft_wrap=True)
+        return
+    if receipt.dry_run:
+        _print_plan(receipt)
+    else:
+        _print_results(receipt)
+    for note in receipt.notes:
+        output.show(f"[dim]note:[/] {escape(note)}")
+    style = "green" if receipt.ok else "red" if receipt.exit_code == 1 else "yellow"
+    output.show(f"[{style}]{escape(receipt.summary)}[/] [dim]({receipt.total_s:.2f} s)[/]")
+
+
+def _print_plan(receipt: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    table = output.table("replica", "vLLM", "weight version", "will send", "checksums", title="plan (dry run)",
+                         wrap=("will send",))
+    version = receipt.version
+    for r in receipt.plan.replicas:
+        send = ["pause", f"reload_weights({receipt.weights_path})"] + ([f"update_weight_version({version})"]
+                                                                        if r.sets_version else [])
+        send += ["hard reset (prefix cache, store, mm, encoder)", "resume"]
+        table.add_row(escape(r.name), escape(r.vllm_version or "?"), escape(r.version_before or "-"),
+                      escape("\n".join(send)), "yes" if r.reports_checksums else "[dim]not reported[/]")
+    output.show(table)
+
+
+def _print_results(receipt: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    table = output.table("replica", "version", "checksum", "reload", "reset", "state", wrap=("state",))
+    for r in receipt.replicas:
+        version = f"{r.version_before or '?'} -> {r.version_after or '?'}"
+        checksum = f"{r.checksum_before or '-'} -> {r.checksum_after or '-'}"
+        reload = _step_cell(r.reload)
+        reset = "[green]yes[/]" if r.reset is not None and r.reset.reset else "[bold red]NO[/]"
+        table.add_row(escape(r.name), escape(version), escape(checksum), reload, reset, escape(r.state))
+    output.show(table)
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in receipt.phases.items() if k in
+                       ("pause", "reload", "version", "reset", "resume", "verify"))
+    if receipt.paused_seconds is not None:
+        output.show(f"paused {receipt.paused_seconds:.2f} s [dim]({escape(phases)})[/]")
+    for r in receipt.replicas:
+        if r.error:
+            output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")
+        for step in r.next_steps:
+            output.show(f"  [bold]next:[/] {escape(step)}")
+        if r.checksum_note and not r.updated:
+            output.show(f"  [dim]checksums: {escape(r.checksum_note)}[/]")
+
+
+def _step_cell(step: Any) -> str:
+    if step.result == "ok":
+        return f"[green]ok[/] {step.seconds or 0:.2f} s"
+    if step.result in ("failed", "interrupted"):
+        return f"[bold red]{step.result.upper()}[/]"
+    return f"[dim]{step.result}[/]"

@@ -1,0 +1,99 @@
+"""What each replica is left running after a weight update, in one sentence, and the commands that
+finish or undo what did not complete (the receipt's `state` and `next_steps`)."""
+
+from __future__ import annotations
+
+import shlex
+
+from kvctl.targets import Fleet
+from kvctl.weights.receipt import WeightsReceipt, WeightsReplica
+
+
+def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None:
+    """Fill `row.state` and `row.next_steps` from its outcome."""
+    resume = f"curl -X POST {row.url}/resume"
+    redo = update_command(receipt, fleet, [row.url])
+    if receipt.interrupted:
+        row.state = f"{_reload_words(row)}; {_resumed_words(row)}"
+        row.next_steps = [f"finish the update of the whole fleet: {update_command(receipt, fleet, None)}"]
+        if "NOT confirmed" in row.state:
+            row.next_steps.append(f"resume it: {resume}")
+        return
+    if row.updated:
+        label = f" (version {row.version_after})" if row.version_after else ""
+        row.state = f"runs the new weights{label}, caches cleared, serving"
+        return
+    undo = update_command(receipt, fleet, [row.url], undo=row.version_before or "?")
+    if row.reload.result == "failed" or row.set_version.result == "failed":
+        what = "its reload failed" if row.reload.result == "failed" else "reloaded, but its version label was not set"
+        if row.left_paused:
+            row.state = f"kept paused: {what}; it serves nothing until resumed"
+            row.next_steps = [f"finish: {redo} (it finds the replica paused and leaves it so), then {resume}",
+                              f"or undo: {undo}, then {resume}",
+                              f"or serve it as it is (other weights than the others, one cache namespace): {resume}"]
+        else:
+            row.state = f"{what}; resumed as asked (--resume-failed): it may serve other weights than the others"
+            row.next_steps = [f"finish: {redo}", f"or undo: {undo}"]
+        return
+    if row.error and ("differ from the other replicas'" in row.error or "workers hold different" in row.error):
+        row.state = "reloaded, but its weights differ from the others': serving"
+        row.next_steps = [f"reload it again: {redo}"]
+        return
+    if row.reload.result == "ok":
+        row.state = "runs the new weights, but its caches were NOT confirmed clear: it may serve KV of the old ones"
+        row.next_steps = [f"clear them: {reset_command(fleet, row.url, receipt.verify)}"]
+        return
+    row.state = "not reloaded: runs the weights it ran before" + ("" if not row.error else f" ({row.error})")
+    row.next_steps = [f"update it: {redo}"]
+
+
+def _reload_words(row: WeightsReplica) -> str:
+    state = row.reload.result
+    if state == "ok":
+        return "reloaded before the signal, but its caches were not confirmed clear"
+    if state == "interrupted":
+        return "its reload was in flight when the signal came: it may still complete on the server"
+    if state == "failed":
+        return f"its reload failed ({row.reload.error})"
+    return "not reloaded (the signal came first): it runs the weights it ran before"
+
+
+def _resumed_words(row: WeightsReplica) -> str:
+    ops = row.reset.ops if row.reset is not None else []
+    resumed = next((o for o in ops if o.op == "resume"), None)
+    if resumed is None:
+        return "not paused by kvctl"
+    return "resumed" if resumed.result == "ok" else f"NOT confirmed resumed: {resumed.error}"
+
+
+def _targets(fleet: Fleet, urls: list[str] | None) -> list[str]:
+    words: list[str] = []
+    for url in urls if urls is not None else [r.url for r in fleet.replicas]:
+        words += ["--url", url]
+    if fleet.masters:
+        words += ["--master", ",".join(fleet.masters)]
+    if fleet.master_rpcs:
+        words += ["--master-rpc", ",".join(fleet.master_rpcs)]
+    return words
+
+
+def update_command(receipt: WeightsReceipt, fleet: Fleet, urls: list[str] | None, undo: str | None = None) -> str:
+    """`kvctl weights update` for these replicas (all: None); undo: back to the weights of that version."""
+    targets = " ".join(shlex.quote(w) for w in _targets(fleet, urls))
+    if undo is not None:  # kvctl does not know which folder that was: the placeholder says what to put there
+        version = f" --version {shlex.quote(undo)}" if undo not in ("?", "default") else ""
+        return f"kvctl weights update --from <the folder of the weights it ran before>{version} {targets}"
+    words = ["kvctl", "weights", "update", "--from", receipt.weights_path]
+    if receipt.version:
+        words += ["--version", receipt.version]
+    if receipt.plan.options.remote_path:
+        words.append("--remote-path")
+    return " ".join(shlex.quote(w) for w in words) + " " + targets
+
+
+def reset_command(fleet: Fleet, url: str, verify: bool) -> str:
+    words = ["kvctl", "reset", "--connector"] + (["--verify"] if verify else []) + _targets(fleet, [url])
+    return " ".join(shlex.quote(w) for w in words)
+
+
+__all__ = ["describe", "reset_command", "update_command"]

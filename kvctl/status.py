@@ -95,7 +95,7 @@ class FleetStatus:
     run: RunStatus | None = None
     elapsed_s: float = 0.0
     masters: list[MasterStatus] = field(default_factory=list)  # every master of the fleet, in order
-    weights_mixed: list[str] = field(default_factory=list)  # each problem kvctl.transport.vllm_weights.mixed_weights found
+    weights_mixed: list[str] = field(default_factory=list)  # each problem that vllm_weights.mixed_weights found
 
     @property
     def healthy(self) -> int:

@@ -148,7 +148,8 @@ def _print_results(receipt: Any) -> None:
     from kvctl.cli import output
 
     shown = [(k, t) for k, t in OP_COLUMNS if any(o.op == k for r in receipt.replicas for o in r.ops)]
-    cols = ["replica", "version", "weights"] + [t for _, t in shown] + (["verify"] if receipt.verify else []) + ["reset"]
+    cols = ["replica", "version", "weights"] + [t for _, t in shown] + (["verify"] if receipt.verify else []) \
+        + ["reset"]
     table = output.table(*cols)
     for r in receipt.replicas:
         ops = {o.op: o for o in r.ops}

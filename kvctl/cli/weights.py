@@ -146,3 +146,76 @@ def _step_cell(step: Any) -> str:
     if step.result in ("failed", "interrupted"):
         return f"[bold red]{step.result.upper()}[/]"
     return f"[dim]{step.result}[/]"
+
+
+@app.command("show")
+@handle_errors
+def show(
+    run: RunOpt = None,
+    url: UrlsOpt = None,
+    inventory: InventoryOpt = None,
+    master: MasterOpt = None,
+    checksums: Annotated[bool, typer.Option("--checksums/--no-checksums", help="Ask each replica for its weight checksums (POST /weight_checker, vLLM >= 0.32.0) and show one digest per replica. vLLM hashes every weight for it, holding generation meanwhile: seconds on a large model.")] = True,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds (the checksums get at least 120 s).")] = 10.0,
+    ray: RayOpt = None,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Each replica's weight version (GET /weight_info, vLLM >= 0.27.0) and checksum digest, and whether a shared store mixes them.
+
+    Replicas that share one cache namespace (the fleet's master and one cache_prefix, as each server's /server_info says) but report different weight versions or checksums are flagged: their KV mixes in one store. Reads only. Exit 0 every replica read and no mixing, 1 mixed weights or a replica that could not be read, 2 bad usage.
+    """
+    from kvctl.errors import UsageError
+    from kvctl.targets import build_fleet
+    from kvctl.weights.show import show_weights
+
+    if not timeout > 0 or timeout == float("inf"):
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {timeout!r}")
+    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, ray=ray)
+    import asyncio  # lazily: --help and other commands do not need it
+
+    report = asyncio.run(show_weights(fleet, checksums=checksums, timeout=timeout))
+    if json_out:
+        from kvctl.cli import output
+
+        output.print_json(report.to_dict())
+    else:
+        _print_show(report)
+    raise typer.Exit(report.exit_code)
+
+
+def _print_show(report: Any) -> None:
+    from rich.markup import escape
+
+    from kvctl.cli import output
+
+    table = output.table("replica", "vLLM", "weight version", "checksum digest", "cache namespace",
+                         wrap=("weight version", "checksum digest"))
+    for r in report.replicas:
+        if r.error:
+            table.add_row(escape(r.name), "?", f"[red]{escape(r.error)}[/]", "", "")
+            continue
+        version = escape(r.weight_version) if r.weight_version is not None \
+            else f"[dim]unknown ({escape(r.weight_note or '?')})[/]"
+        digest = escape(r.digest) + (f" [dim]({r.workers} worker(s))[/]" if r.workers and r.workers > 1 else "") \
+            if r.digest else "[dim]-[/]"
+        if r.disagreeing:
+            digest += f" [bold red]workers differ on {len(r.disagreeing)} shard(s)[/]"
+        table.add_row(escape(r.name), escape(r.vllm_version or "?"), version, digest, _namespace_cell(r))
+    output.show(table)
+    for m in report.mixed:
+        output.show(f"[bold red]mixed weights:[/] {escape(m.problem)}")
+    if report.mixed:
+        output.show("  [bold]fix:[/] kvctl weights update --from PATH on these replicas (one version everywhere), "
+                    "or give deployments that are meant to differ their own cache_prefix")
+    style = "green" if report.ok else "red"
+    output.show(f"[{style}]{escape(report.summary)}[/] [dim]({report.elapsed_s:.2f} s)[/]")
+
+
+def _namespace_cell(r: Any) -> str:
+    from rich.markup import escape
+
+    if r.namespace is None:
+        known = r.connector is not None
+        return "[dim]none (no shared store)[/]" if known else f"[dim]{escape(r.connector_source or '?')}[/]"
+    return f"cache_prefix '{escape(r.namespace)}'" if r.namespace else "unprefixed keys"

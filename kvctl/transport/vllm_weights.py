@@ -211,5 +211,5 @@ def mixed_weights(rows: Iterable[WeightRow]) -> list[MixedWeights]:
     return found
 
 
-__all__ = ["DIGEST_CHARS", "MixedWeights", "WeightChecksums", "WeightRow", "WeightState", "mixed_weights", "namespace_of",
-           "read_weight_state", "split_rank", "summarise_checksums"]
+__all__ = ["DIGEST_CHARS", "MixedWeights", "WeightChecksums", "WeightRow", "WeightState", "mixed_weights",
+           "namespace_of", "read_weight_state", "split_rank", "summarise_checksums"]

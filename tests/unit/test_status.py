@@ -130,8 +130,9 @@ def test_replicas_are_asked_at_once(doubles: DoubleFleet) -> None:
     start = time.perf_counter()
     result = status_of([r.url for r in slow])
     assert result.ok
-    # each replica needs /health then 3 routes in parallel: ~0.6 s; one after another would be ~4.8 s
-    assert time.perf_counter() - start < 2.5
+    # each replica asks 5 routes one after another (/health, /version, /v1/models, /metrics, /weight_info):
+    # ~1.5 s; one replica after another would be ~12 s
+    assert time.perf_counter() - start < 4.5
 
 
 def test_hit_rate() -> None:

@@ -15,6 +15,7 @@ import asyncio
 import signal
 import time
 from collections import Counter
+from collections.abc import Awaitable
 
 from kvctl.interrupt import signal_of
 from kvctl.reset.execute import WhilePaused, execute_plan
@@ -110,10 +111,10 @@ class _Reload:
         return _op(answer, f"reloaded, but /update_weight_version failed: {error}" if error else None, detail)
 
 
-async def _timed(record: StepResult, call: asyncio.Future[CallOutcome] | object) -> CallOutcome:
+async def _timed(record: StepResult, call: Awaitable[CallOutcome]) -> CallOutcome:
     started = time.perf_counter()
     try:
-        return await call  # type: ignore[misc]
+        return await call
     finally:
         record.seconds = round(time.perf_counter() - started, 6)
 
@@ -203,11 +204,22 @@ def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, ste
         reset_ok = bool(row.reset and row.reset.reset)
         row.updated = (receipt.interrupted is None and row.reload.result == "ok"
                        and row.set_version.result in ("ok", "skipped") and reset_ok and row.name not in odd)
-        row.error = odd.get(row.name) or row.reload.error and f"reload failed: {row.reload.error}" \
-            or row.set_version.error and f"version not set: {row.set_version.error}" \
-            or (None if reset_ok else (row.reset.error if row.reset else "not reached"))
+        row.error = _row_error(row, odd.get(row.name), reset_ok)
         steps.describe(row, receipt, fleet)
     verdict(receipt)
+
+
+def _row_error(row: WeightsReplica, odd: str | None, reset_ok: bool) -> str | None:
+    """The first thing that went wrong on this replica, or None."""
+    if odd:
+        return odd
+    if row.reload.error:
+        return f"reload failed: {row.reload.error}"
+    if row.set_version.error:
+        return f"version not set: {row.set_version.error}"
+    if reset_ok:
+        return None
+    return row.reset.error if row.reset is not None else "not reached"
 
 
 def _odd_checksums(after: dict, receipt: WeightsReceipt) -> dict[str, str]:

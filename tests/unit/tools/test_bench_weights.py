@@ -41,12 +41,15 @@ def test_paused_window_runs_from_the_first_pause_to_the_last_resume(bench: Modul
 def test_section_is_replaced_in_place(bench: ModuleType, tmp_path: Path) -> None:
     stat = {"samples": [0.5], "stats": {"n": 1, "median": 0.5, "p25": 0.5, "p75": 0.5, "min": 0.5, "max": 0.5}}
     share = {"samples": [0.04], "stats": {**stat["stats"], "median": 0.04}}
-    res = {"paused_s": stat, "vllm_s": stat, "external_s": stat, "own_s": stat, "own_share": share,
-           "total_s": stat, "phases": {"reload": stat}, "by_call": {"POST /collective_rpc": 0.3}}
+    missed = {"samples": [0.7], "stats": {**stat["stats"], "median": 0.7}}
+    res = {"paused_s": stat, "window_s": stat, "vllm_s": stat, "external_s": stat, "own_s": stat, "own_share": share,
+           "not_vllm_s": stat, "not_vllm_share": missed, "store_clear_s": stat, "total_s": stat,
+           "phases": {"reload": stat}, "by_call": {"POST /collective_rpc": 0.3}}
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\nbefore\n")
     bench.write_doc(res, "make bench", doc)
     bench.write_doc(res, "make bench", doc)
     text = doc.read_text()
     assert text.count(bench.BEGIN) == 1 and text.startswith("# Performance\n\nbefore\n")
-    assert "4.0% (target < 10%)" in text and "| reload | 500 ms (500 ms-500 ms, n=1) |" in text
+    assert "70% (target < 10%: **missed**)" in text and "4.0% |" in text  # a missed target is said so
+    assert "| reload | 500 ms (500 ms-500 ms, n=1) |" in text

@@ -155,3 +155,42 @@ def _wait_for_more_keys(admin: str, before: set[str], timeout: float = 90.0) -> 
 
 def _close(x: list[float], y: list[float]) -> bool:
     return len(x) == len(y) and all(math.isclose(p, q, rel_tol=1e-4, abs_tol=1e-4) for p, q in zip(x, y))
+
+
+
+def test_a_failed_reload_is_kept_paused_and_the_undo_restores_it(wstack: Stack, models: Path, tmp_path: Path) -> None:
+    """A reload that vLLM itself fails (--remote-path skips kvctl's own check of the folder, so the
+    servers are sent a path they cannot read). vLLM 0.32 does not keep the old weights then: its
+    in-place reload moves every layer to the meta device before it reads the first weight
+    (vllm/model_executor/model_loader/reload/inplace.py:84-95, initialize_layerwise_reload) and a
+    failed read leaves them there (/weight_checker: "Cannot copy out of meta tensor"). So kvctl must
+    keep such a replica paused, set no version on it, and name the commands that finish or undo the
+    update; the undo (the weights it ran before) brings it back."""
+    a, b = wstack.urls
+    before = {url: (weight_version(url), checksums(url)) for url in (a, b)}
+    missing = tmp_path / "no-such-checkpoint"
+    proc = kvctl("weights", "update", "--run", wstack.name, "--from", str(missing), "--remote-path", "--version",
+                 "v3", "--json", state=wstack.state, check=False)
+    data = receipt(proc)
+    assert proc.returncode == 1 and data["ok"] is False, proc.stdout + proc.stderr
+    assert sorted(data["not_updated"]) == sorted(r["name"] for r in data["replicas"])
+    for r in data["replicas"]:
+        assert r["reload"]["result"] == "failed" and r["reload"]["error"], r
+        assert r["left_paused"] is True and r["next_steps"], r
+        assert httpx.get(f"{r['url']}/is_paused", timeout=30, trust_env=False).json()["is_paused"] is True
+        assert weight_version(r["url"]) == before[r["url"]][0]  # no new version on failed weights
+        broken = httpx.post(f"{r['url']}/weight_checker", json={"action": "checksum"}, timeout=RPC_TIMEOUT,
+                            trust_env=False)
+        print(r["name"], "after the failed reload: /weight_checker", broken.status_code, broken.text[:160])
+        assert broken.status_code != 200 or broken.json()["checksums"] != before[r["url"]][1]  # not the old weights
+    # the undo the receipt names: the weights the fleet ran before (it finds the replicas paused and
+    # leaves them so), then resume each
+    undo = kvctl("weights", "update", "--run", wstack.name, "--from", str(models / "tiny-llama-1"), "--version",
+                 "v2", "--json", state=wstack.state, check=False)
+    print(receipt(undo)["summary"])
+    for url in (a, b):
+        assert httpx.post(f"{url}/resume", timeout=60, trust_env=False).status_code == 200
+    assert undo.returncode == 0, undo.stdout + undo.stderr
+    for url in (a, b):
+        assert (weight_version(url), checksums(url)) == before[url]  # the old weights and version again
+        assert probe(url, wstack.model).status == 200  # and it serves

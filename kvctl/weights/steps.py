@@ -29,8 +29,13 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
         if row.left_paused:
             row.state = f"kept paused: {what}; it serves nothing until resumed"
             row.next_steps = [f"finish: {redo} (it finds the replica paused and leaves it so), then {resume}",
-                              f"or undo: {undo}, then {resume}",
-                              f"or serve it as it is (other weights than the others, one cache namespace): {resume}"]
+                              f"or undo: {undo}, then {resume}"]
+            if row.reload.result == "failed":
+                # vLLM 0.32's reload_weights moves every layer to the meta device before it reads a weight
+                # (model_executor/model_loader/reload/inplace.py:84-95): a failed one leaves no weights at all
+                row.state += " (a failed in-place reload can leave it with no weights loaded: do not resume it as is)"
+            else:
+                row.next_steps.append(f"or serve it as it is (the new weights, its version label unset): {resume}")
         else:
             row.state = f"{what}; resumed as asked (--resume-failed): it may serve other weights than the others"
             row.next_steps = [f"finish: {redo}", f"or undo: {undo}"]
@@ -82,6 +87,8 @@ def update_command(receipt: WeightsReceipt, fleet: Fleet, urls: list[str] | None
     targets = " ".join(shlex.quote(w) for w in _targets(fleet, urls))
     if undo is not None:  # kvctl does not know which folder that was: the placeholder says what to put there
         version = f" --version {shlex.quote(undo)}" if undo not in ("?", "default") else ""
+        # the folder it was started with or last reloaded from (/server_info's model_config.model said it
+        # before the update; a reload, failed or not, replaces it there)
         return f"kvctl weights update --from <the folder of the weights it ran before>{version} {targets}"
     words = ["kvctl", "weights", "update", "--from", receipt.weights_path]
     if receipt.version:

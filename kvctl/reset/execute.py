@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kvctl.facts.versions import parse_version
 from kvctl.interrupt import exit_code_for, signal_of
@@ -120,7 +120,9 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
     interrupted: str | None = None  # the signal that ended the reset early (kvctl.interrupt)
     paused_at: float | None = None
     held: set[str] = set()  # replicas kept paused at the end: their step failed
+    store = None  # the store client of a scoped clear, connected before the pause (its start is ~0.4 s)
     try:
+        store = await master_clear.prepare_store_session(plan)
         if opts.pausing:
             paused_at = time.perf_counter()
             stuck = await clock.timed("pause", _pause_all(live, by_name, opts, http, sem, receipts, owner_paused))
@@ -134,13 +136,15 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
                 await clock.timed("step", each(run_step))
             await clock.timed("reset", _reset_phase(plan, master, opts, http,
                                                     each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache",
-                                                                                   "encoder_cache")))))
+                                                                                   "encoder_cache"))), store))
     except asyncio.CancelledError as exc:
         interrupted = signal_of(exc)
         if interrupted is None:
             raise
         _uncancel()  # the interruption is handled here: the resume below must run to its end
     finally:
+        if store is not None:
+            store.close()
         if opts.pausing:
             # a signal resumes every replica kvctl paused; otherwise a failed step keeps its replica paused
             if step is not None and interrupted is None and not step.resume_failed:
@@ -175,13 +179,13 @@ async def _guarded_step(step: WhilePaused, rp: ReplicaPlan, client: VllmClient) 
 
 
 async def _reset_phase(plan: Plan, master: MasterReceipt | None, opts: ResetOptions, http: HttpPool,
-                       cache_ops: Awaitable[None]) -> None:
+                       cache_ops: Awaitable[None], store: Any = None) -> None:
     """Every replica's cache ops at once, then the master clear where vLLM does not clear the store."""
     await cache_ops
     leading = master is None or not uses_master(plan) or not ha_group(plan) \
         or await master_clear.recheck_leader(master, plan, http)
     if master is not None and plan.master_clear and leading:
-        await master_clear.clear_master(master, plan, http)
+        await master_clear.clear_master(master, plan, http, store)
     if master is not None and opts.verify and leading:
         await master_clear.count_master_keys(master, opts, http)  # counted already by a clear: judged only
 

@@ -41,14 +41,15 @@ async def recheck_leader(master: MasterReceipt, plan: Plan, http: HttpPool, why:
     return True
 
 
-async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool) -> None:
+async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store: Any = None) -> None:
     """Clear on the leader. If it refuses (HA: a 503 from a node that stopped leading), find the
-    leader again once and, if it moved, clear there."""
+    leader again once and, if it moved, clear there. `store`: a store_client.StoreSession opened
+    ahead for the planned master (prepare_store_session), used where it fits."""
     from kvctl.transport.master_admin import MasterError
 
     started = time.perf_counter()
     try:
-        return await _clear_on(master, plan, http, started)
+        return await _clear_on(master, plan, http, started, store)
     except MasterError as exc:
         failure = _with_fix(exc)
     if ha_group(plan):
@@ -57,11 +58,24 @@ async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool) -> Non
             return  # the receipt says no master leads
         if master.address != before:
             try:
-                return await _clear_on(master, plan, http, started)
+                return await _clear_on(master, plan, http, started, store)
             except MasterError as exc:
                 failure = _with_fix(exc)
     master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1, error=failure)
     master.error = failure
+
+
+async def prepare_store_session(plan: Plan) -> Any:
+    """A store client started and connected now, for a scoped clear planned through it (None otherwise,
+    or when it cannot start: the clear then starts its own and reports why it fails)."""
+    from kvctl.transport import store_client
+
+    if not (plan.master_clear and plan.master_clear_scope == "scoped" and plan.master_rpc):
+        return None
+    try:
+        return await asyncio.to_thread(store_client.StoreSession, plan.master_rpc, plan.options.clear_timeout + 30)
+    except store_client.StoreClientError:
+        return None
 
 
 def _with_fix(exc: Any) -> str:
@@ -69,7 +83,7 @@ def _with_fix(exc: Any) -> str:
     return exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
 
 
-async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float) -> None:
+async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float, store: Any = None) -> None:
     """Clear this deployment's keys (scoped) or every key (whole) on master.address, count before and
     after, and retry within clear_timeout what the clear skipped (puts in flight, replication tasks)."""
     from kvctl.transport.master_admin import MasterAdmin
@@ -78,12 +92,12 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
     master.scope = plan.master_clear_scope
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
         master.keys_before, master.others_before = await _count_before(admin, prefix)
-        removed, how = await _remove(admin, plan, prefix, master.rpc_address)
+        removed, how = await _remove(admin, plan, prefix, master.rpc_address, store)
         deadline = started + opts.clear_timeout
         mine, others = _split(await admin.all_keys(), prefix)
         while mine and time.perf_counter() < deadline:
             await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
-            removed += (await _remove(admin, plan, prefix, master.rpc_address))[0]
+            removed += (await _remove(admin, plan, prefix, master.rpc_address, store))[0]
             mine, others = _split(await admin.all_keys(), prefix)
     master.removed_count, master.keys_after, master.others_after = removed, mine, others
     if master.leader_changed and master.keys_before == 0 and not master.others_before:
@@ -125,7 +139,8 @@ def _split(keys: list[str], prefix: str | None) -> tuple[int, int]:
     return mine, len(keys) - mine
 
 
-async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None) -> tuple[int, str]:
+async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None,
+                  store: Any = None) -> tuple[int, str]:
     """One clear: (what the master says it removed, how). `rpc`: the chosen master's RPC address."""
     from kvctl.transport import store_client
     from kvctl.transport.master_admin import MasterError, NoHttpRemoveAll
@@ -135,7 +150,7 @@ async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None) -
             raise MasterError("the clear is scoped to this deployment, but it has no cache_prefix to scope by: "
                               "nothing was cleared", "give the fleet a cache_prefix, or pass --whole-master")
         pattern = "^" + re.escape(prefix)
-        removed = await _store_client_remove(rpc, pattern, plan.options.clear_timeout)
+        removed = await _store_client_remove(rpc, pattern, plan.options.clear_timeout, store)
         return removed, f"remove_by_regex('{pattern}', force=True) via {rpc}"
     try:
         return await admin.remove_all(force=True), "POST /api/v1/remove_all?force=true"
@@ -143,17 +158,18 @@ async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None) -
         if rpc is None or not store_client.available():
             raise
     # an older master: the store client clears it through the RPC port
-    removed = await _store_client_remove(rpc, None, plan.options.clear_timeout)
+    removed = await _store_client_remove(rpc, None, plan.options.clear_timeout, store)
     return removed, f"remove_all(force=True) via {rpc} (no HTTP remove_all on this master)"
 
 
-async def _store_client_remove(rpc: str | None, pattern: str | None, clear_timeout: float) -> int:
-    """Mooncake's store client (a child process) removes `pattern`'s keys (None: all), forced."""
+async def _store_client_remove(rpc: str | None, pattern: str | None, clear_timeout: float, store: Any = None) -> int:
+    """Mooncake's store client (a child process: `store` when it is open for `rpc`) removes `pattern`'s
+    keys (None: all), forced."""
     from kvctl.transport import store_client
     from kvctl.transport.master_admin import MasterError
 
     try:
-        done = await asyncio.to_thread(store_client.remove_matching, rpc, pattern, clear_timeout + 30)
+        done = await asyncio.to_thread(store_client.remove_matching, rpc, pattern, clear_timeout + 30, store)
     except store_client.StoreClientError as exc:
         raise MasterError(exc.message, exc.hint) from None
     return done.removed

@@ -22,8 +22,14 @@ from kvctl.reset.leader import MasterChoice, MasterNode
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
 from kvctl.transport.vllm_client import PAUSE_TIMEOUT, ServerError, VllmClient, pause_params
-from kvctl.transport.vllm_weights import MixedWeights, WeightRow, WeightState, mixed_weights, namespace_of, \
-    read_weight_state
+from kvctl.transport.vllm_weights import (
+    MixedWeights,
+    WeightRow,
+    WeightState,
+    mixed_weights,
+    namespace_of,
+    read_weight_state,
+)
 
 
 @dataclass

@@ -76,9 +76,9 @@ def clears(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         sent.append(self.base_url.removeprefix("http://"))
         return await real_remove_all(self, force)
 
-    def remove_matching(rpc: str, pattern: str | None, timeout: float) -> Any:
+    def remove_matching(rpc: str, pattern: str | None, timeout: float, session: Any = None) -> Any:
         sent.append(rpc)
-        return real_matching(rpc, pattern, timeout)
+        return real_matching(rpc, pattern, timeout, session)
 
     monkeypatch.setattr(MasterAdmin, "remove_all", remove_all)
     monkeypatch.setattr(store_client, "remove_matching", remove_matching)

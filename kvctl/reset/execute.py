@@ -143,8 +143,6 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
             raise
         _uncancel()  # the interruption is handled here: the resume below must run to its end
     finally:
-        if store is not None:
-            store.close()
         if opts.pausing:
             # a signal resumes every replica kvctl paused; otherwise a failed step keeps its replica paused
             if step is not None and interrupted is None and not step.resume_failed:
@@ -155,6 +153,8 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
             if step is not None and paused_at is not None:
                 step.paused_s = round(time.perf_counter() - paused_at, 6)
             _note_held(receipts, held, by_name)
+        if store is not None:  # after the resume: its child's exit is no part of the paused window
+            store.close()
     if interrupted is not None:
         return _interrupted(conclude(plan, list(receipts.values()), master, time.perf_counter() - start),
                             interrupted, opts.pausing)
@@ -180,12 +180,22 @@ async def _guarded_step(step: WhilePaused, rp: ReplicaPlan, client: VllmClient) 
 
 async def _reset_phase(plan: Plan, master: MasterReceipt | None, opts: ResetOptions, http: HttpPool,
                        cache_ops: Awaitable[None], store: Any = None) -> None:
-    """Every replica's cache ops at once, then the master clear where vLLM does not clear the store."""
-    await cache_ops
-    leading = master is None or not uses_master(plan) or not ha_group(plan) \
-        or await master_clear.recheck_leader(master, plan, http)
-    if master is not None and plan.master_clear and leading:
-        await master_clear.clear_master(master, plan, http, store)
+    """Every replica's cache ops at once, then the master clear where vLLM does not clear the store (its
+    first count runs beside the cache ops: the paused fleet writes nothing meanwhile)."""
+    planned = master.address if master is not None else None
+    before = asyncio.ensure_future(master_clear.count_before(master, plan, http)) \
+        if master is not None and plan.master_clear else None
+    try:
+        await cache_ops
+        leading = master is None or not uses_master(plan) or not ha_group(plan) \
+            or await master_clear.recheck_leader(master, plan, http)
+        if master is not None and plan.master_clear and leading:
+            # a leader that moved meanwhile is counted anew
+            await master_clear.clear_master(master, plan, http, store, before if master.address == planned else None)
+    finally:
+        if before is not None:  # unused (no clear, another leader) or done: never left pending
+            before.cancel()
+            await asyncio.gather(before, return_exceptions=True)
     if master is not None and opts.verify and leading:
         await master_clear.count_master_keys(master, opts, http)  # counted already by a clear: judged only
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from kvctl.facts.cache_prefix import key_prefix
@@ -41,15 +42,26 @@ async def recheck_leader(master: MasterReceipt, plan: Plan, http: HttpPool, why:
     return True
 
 
-async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store: Any = None) -> None:
+async def count_before(master: MasterReceipt, plan: Plan, http: HttpPool) -> tuple[int, int]:
+    """The count clear_master starts with, on its own: a paused fleet writes no key, so the executor
+    runs it beside the replicas' cache resets (both wait on servers) rather than after them."""
+    from kvctl.transport.master_admin import MasterAdmin
+
+    async with MasterAdmin(master.address, timeout=plan.options.timeout, pool=http) as admin:
+        return await _count_before(admin, key_prefix(plan.cache_prefix))
+
+
+async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store: Any = None,
+                       before: Awaitable[tuple[int, int]] | None = None) -> None:
     """Clear on the leader. If it refuses (HA: a 503 from a node that stopped leading), find the
     leader again once and, if it moved, clear there. `store`: a store_client.StoreSession opened
-    ahead for the planned master (prepare_store_session), used where it fits."""
+    ahead for the planned master (prepare_store_session), used where it fits; `before`: count_before
+    of this master, already under way (a new leader is counted anew)."""
     from kvctl.transport.master_admin import MasterError
 
     started = time.perf_counter()
     try:
-        return await _clear_on(master, plan, http, started, store)
+        return await _clear_on(master, plan, http, started, store, before)
     except MasterError as exc:
         failure = _with_fix(exc)
     if ha_group(plan):
@@ -83,7 +95,8 @@ def _with_fix(exc: Any) -> str:
     return exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
 
 
-async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float, store: Any = None) -> None:
+async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float, store: Any = None,
+                    before: Awaitable[tuple[int, int]] | None = None) -> None:
     """Clear this deployment's keys (scoped) or every key (whole) on master.address, count before and
     after, and retry within clear_timeout what the clear skipped (puts in flight, replication tasks)."""
     from kvctl.transport.master_admin import MasterAdmin
@@ -91,7 +104,7 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
     opts, prefix = plan.options, key_prefix(plan.cache_prefix)
     master.scope = plan.master_clear_scope
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
-        master.keys_before, master.others_before = await _count_before(admin, prefix)
+        master.keys_before, master.others_before = await (before or _count_before(admin, prefix))
         removed, how = await _remove(admin, plan, prefix, master.rpc_address, store)
         deadline = started + opts.clear_timeout
         mine, others = _split(await admin.all_keys(), prefix)

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn, TypeVar
 
 import typer
 
 from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, KvctlError
 
 F = TypeVar("F", bound=Callable[..., Any])
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "debug_enabled", "exit_interrupted", "handle_errors"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "debug_enabled", "exit_interrupted", "finish_with_receipt",
+           "handle_errors"]
 
 
 def debug_enabled() -> bool:
@@ -49,7 +50,7 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def exit_interrupted(exc: BaseException, json_out: bool, what: str) -> None:
+def exit_interrupted(exc: BaseException, json_out: bool, what: str) -> NoReturn:
     """A signal ended an operation before it had a receipt (kvctl.interrupt): say so, on stdout as
     JSON with --json, and exit 128 + the signal's number."""
     from kvctl.interrupt import exit_code_for, signal_of
@@ -64,6 +65,28 @@ def exit_interrupted(exc: BaseException, json_out: bool, what: str) -> None:
     else:
         _print_error(summary, None)
     raise typer.Exit(code)
+
+
+def finish_with_receipt(operation: Coroutine[Any, Any, Any], json_out: bool, before_receipt: str,
+                        show: Callable[[Any], None]) -> NoReturn:
+    """Run a fleet operation (reset, weights update, probe) to its receipt under kvctl.interrupt's
+    signal handling, print it (JSON, or `show`) and exit with its exit code. `before_receipt`: what a
+    signal that comes before the operation has a receipt leaves ("nothing was changed")."""
+    import asyncio  # lazily: --help and other commands do not need it
+
+    from kvctl.interrupt import interruptible
+
+    try:
+        receipt = asyncio.run(interruptible(operation))
+    except asyncio.CancelledError as exc:
+        exit_interrupted(exc, json_out, before_receipt)
+    if json_out:
+        from kvctl.cli.output import print_json
+
+        print_json(receipt.to_dict())
+    else:
+        show(receipt)
+    raise typer.Exit(receipt.exit_code)
 
 
 def _print_json_error(exc: KvctlError) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvctl.cli.errors import exit_interrupted, handle_errors
+from kvctl.cli.errors import finish_with_receipt, handle_errors
 from kvctl.cli.options import InventoryOpt, JsonOpt, RunOpt, StateDirOpt, UrlsOpt
 from kvctl.errors import UsageError
 
@@ -41,21 +41,9 @@ def probe(
     fleet = build_fleet(url, inventory, None, run=run, state_dir=state_dir)
     texts = load_prompts(prompts) if prompts else None
     options = ProbeOptions(max_tokens=max_tokens, timeout=timeout, tolerance=tolerance)
-    import asyncio
-
-    from kvctl.interrupt import interruptible
-
-    try:  # SIGINT, SIGTERM and SIGHUP end the probe alike: a message and 128 + the signal (it changes nothing)
-        report = asyncio.run(interruptible(probe_fleet(fleet, texts, options)))
-    except asyncio.CancelledError as exc:
-        exit_interrupted(exc, json_out, "the probe did not finish, nothing was judged")
-    if json_out:
-        from kvctl.cli import output
-
-        output.print_json(report.to_dict())
-    else:
-        _print(report)
-    raise typer.Exit(report.exit_code)
+    # SIGINT, SIGTERM and SIGHUP end the probe alike: a message and 128 + the signal (it changes nothing)
+    finish_with_receipt(probe_fleet(fleet, texts, options), json_out, "the probe did not finish, nothing was judged",
+                        _print)
 
 
 def _print(report: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvctl.cli.errors import exit_interrupted, handle_errors
+from kvctl.cli.errors import finish_with_receipt, handle_errors
 from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, StateDirOpt, UrlsOpt
 from kvctl.errors import UsageError
 
@@ -60,21 +60,10 @@ def reset(
 
         options.probe_prompts = load_prompts(probe_prompts)
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc, ray=ray)
-    import asyncio  # lazily: --help and other commands do not need it
-
-    from kvctl.interrupt import interruptible
-
-    try:  # SIGINT, SIGTERM and SIGHUP all end in the receipt's "interrupted ..., resumed" (kvctl.interrupt)
-        receipt = asyncio.run(interruptible(hard_reset_fleet(fleet, options)))
-    except asyncio.CancelledError as exc:  # before anything was paused or reset (the plan, the canaries)
-        exit_interrupted(exc, json_out, "before anything was paused or reset: nothing was changed")
-    if json_out:
-        from kvctl.cli import output
-
-        output.print_json(receipt.to_dict())
-    else:
-        _print(receipt)
-    raise typer.Exit(receipt.exit_code)
+    # SIGINT, SIGTERM and SIGHUP all end in the receipt's "interrupted ..., resumed" (kvctl.interrupt); before
+    # there is one (the plan, the canaries) nothing was changed
+    finish_with_receipt(hard_reset_fleet(fleet, options), json_out,
+                        "before anything was paused or reset: nothing was changed", _print)
 
 
 def _print(receipt: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvctl.cli.errors import exit_interrupted, handle_errors
+from kvctl.cli.errors import finish_with_receipt, handle_errors
 from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, StateDirOpt, UrlsOpt
 
 app = typer.Typer(help="Update the weights of every replica as one verified fleet operation, and show what each runs.",
@@ -58,21 +58,10 @@ def update(
         options.probe_prompts = load_prompts(probe_prompts)
     options.check()
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc, ray=ray)
-    import asyncio  # lazily: --help and other commands do not need it
-
-    from kvctl.interrupt import interruptible
-
-    try:  # SIGINT, SIGTERM and SIGHUP: every replica kvctl paused is resumed, the receipt says each one's state
-        receipt = asyncio.run(interruptible(update_fleet(fleet, options)))
-    except asyncio.CancelledError as exc:  # before anything was paused (the plan, the checksums, the canaries)
-        exit_interrupted(exc, json_out, "before anything was paused or reloaded: nothing was changed")
-    if json_out:
-        from kvctl.cli import output
-
-        output.print_json(receipt.to_dict())
-    else:
-        _print(receipt)
-    raise typer.Exit(receipt.exit_code)
+    # SIGINT, SIGTERM and SIGHUP: every replica kvctl paused is resumed, the receipt says each one's state;
+    # before there is one (the plan, the checksums, the canaries) nothing was changed
+    finish_with_receipt(update_fleet(fleet, options), json_out,
+                        "before anything was paused or reloaded: nothing was changed", _print)
 
 
 def _print(receipt: Any) -> None:

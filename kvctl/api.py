@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvctl.errors import KvctlError, UsageError
 from kvctl.reset.execute import hard_reset_fleet
@@ -30,15 +30,23 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class ResetFailed(KvctlError):
-    """The hard reset did not complete (or was not verified) on every replica. `.receipt` says why."""
+class _OperationFailed(KvctlError):
+    """A fleet operation's receipt as an error: its summary, each unfinished replica's error, the
+    plan's fix when the plan failed, and its exit code."""
 
-    def __init__(self, receipt: Receipt) -> None:
-        details = "; ".join(f"{r.name}: {r.error}" for r in receipt.replicas if not r.reset and r.error)
+    def __init__(self, receipt: Any, unfinished: Callable[[Any], bool]) -> None:
+        details = "; ".join(f"{r.name}: {r.error}" for r in receipt.replicas if unfinished(r) and r.error)
         super().__init__(receipt.summary + (f" ({details})" if details else ""),
                          receipt.plan.hint if receipt.plan.error else None)
         self.exit_code = receipt.exit_code
         self.receipt = receipt
+
+
+class ResetFailed(_OperationFailed):
+    """The hard reset did not complete (or was not verified) on every replica. `.receipt` says why."""
+
+    def __init__(self, receipt: Receipt) -> None:
+        super().__init__(receipt, lambda r: not r.reset)
 
 
 async def hard_reset_async(
@@ -115,15 +123,11 @@ def probe(urls: list[str] | None = None, **kwargs: object) -> ProbeReport:
     return _blocking("probe", probe_async, urls, **kwargs)
 
 
-class WeightsUpdateFailed(KvctlError):
+class WeightsUpdateFailed(_OperationFailed):
     """The weight update did not complete (or was not verified) on every replica. `.receipt` says why."""
 
     def __init__(self, receipt: WeightsReceipt) -> None:
-        details = "; ".join(f"{r.name}: {r.error}" for r in receipt.replicas if not r.updated and r.error)
-        super().__init__(receipt.summary + (f" ({details})" if details else ""),
-                         receipt.plan.hint if receipt.plan.error else None)
-        self.exit_code = receipt.exit_code
-        self.receipt = receipt
+        super().__init__(receipt, lambda r: not r.updated)
 
 
 async def update_weights_async(

@@ -2,8 +2,11 @@
 
 Runs the installed kvctl's CLI (so an older checkout can be measured the same way) on every file
 for every version its entry states, and prints the agreement rate and each disagreement.
-A verdict is ok | warning | error (exit 0 without / with warnings, exit 1); exit 2 (cannot read
-the input) counts as a disagreement.
+A verdict is ok | warning | dropped | error: error = kvctl says vLLM refuses it (an error that is
+not a dropped setting), dropped = kvctl says vLLM starts and silently drops a setting, ok / warning
+= it starts (both count as one outcome). An older kvctl that knows no "dropped" is measured by its
+errors and warnings alone. Exit 2 (cannot read the input) counts as a disagreement. Each corpus
+part (corpus.yaml, corpus-*.yaml) is reported on its own and in total.
 
     python tools/corpus_report.py [--kvctl "python -m kvctl"] [--json]
 """
@@ -34,9 +37,31 @@ def verdict(kvctl: list[str], file: Path, version: str) -> str:
         # A config vLLM cannot parse either (invalid JSON/YAML) is refused by both: that agrees.
         message = str((report.get("error") or {}).get("message", ""))
         return "error" if "not valid JSON" in message or "not valid YAML" in message else "unreadable"
-    if run.returncode == 1 or report.get("errors"):
+    problems = report.get("problems") or []
+    if any(p.get("severity") == "error" and not p.get("dropped") for p in problems):
         return "error"
+    if any(p.get("dropped") for p in problems):
+        return "dropped"
     return "warning" if report.get("warnings") else "ok"
+
+
+def outcome(verdict: str) -> str:
+    return {"error": "refused", "dropped": "dropped"}.get(verdict, "starts")
+
+
+def measure(kvctl: list[str], entries: list[dict]) -> dict:
+    total = agree = 0
+    misses = []
+    for entry in entries:
+        for version, expected in entry["expect"].items():
+            got = verdict(kvctl, CORPUS / entry["file"], str(version))
+            total += 1
+            same = got != "unreadable" and outcome(got) == outcome(expected)
+            agree += same
+            if not same:
+                misses.append({"file": entry["file"], "version": str(version), "expected": expected, "got": got})
+    return {"verdicts": total, "agree": agree, "rate": round(agree / total, 3) if total else None,
+            "disagreements": misses}
 
 
 def main() -> int:
@@ -45,27 +70,22 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     kvctl = shlex.split(args.kvctl)
-    entries = yaml.safe_load((CORPUS / "corpus.yaml").read_text("utf-8"))
-    total = agree = 0
-    misses = []
-    for entry in entries:
-        for version, expected in entry["expect"].items():
-            got = verdict(kvctl, CORPUS / entry["file"], str(version))
-            total += 1
-            # "ok" and "warning" both mean vLLM starts with it; the verdict that matters is
-            # whether kvctl says it fails where vLLM fails.
-            same = (got == "error") == (expected == "error") and got != "unreadable"
-            agree += same
-            if not same:
-                misses.append({"file": entry["file"], "version": str(version), "expected": expected, "got": got})
-    summary = {"files": len(entries), "verdicts": total, "agree": agree,
-               "rate": round(agree / total, 3) if total else None, "disagreements": misses}
+    parts = {}
+    for part in sorted(CORPUS.glob("corpus*.yaml")):
+        entries = yaml.safe_load(part.read_text("utf-8"))
+        parts[part.name] = measure(kvctl, entries)
+        parts[part.name]["files"] = len(entries)
+    total = {k: sum(p[k] for p in parts.values()) for k in ("files", "verdicts", "agree")}
+    total["rate"] = round(total["agree"] / total["verdicts"], 3) if total["verdicts"] else None
     if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"{agree}/{total} verdicts agree ({summary['rate']:.1%}) over {len(entries)} files")
-        for miss in misses:
+        print(json.dumps({"total": total, "parts": parts}, indent=2))
+        return 0
+    for name, part in parts.items():
+        print(f"{name}: {part['agree']}/{part['verdicts']} verdicts agree ({part['rate']:.1%}) "
+              f"over {part['files']} files")
+        for miss in part["disagreements"]:
             print(f"  {miss['file']} @ {miss['version']}: expected {miss['expected']}, got {miss['got']}")
+    print(f"total: {total['agree']}/{total['verdicts']} ({total['rate']:.1%}) over {total['files']} files")
     return 0
 
 

@@ -128,6 +128,11 @@ def validate(
     file: FileArg,
     vllm_version: VllmVersionOpt = None,
     json_out: JsonOpt = False,
+    allow_dropped: Annotated[bool, typer.Option(
+        "--allow-dropped",
+        help="Report settings vLLM accepts but silently does nothing with (a misspelled key it "
+             "ignores, a file no connector reads) as warnings, exit 0. Default: errors, exit 1.",
+    )] = False,
 ) -> None:
     """Check the KV-transfer configs in a file against a vLLM release.
 
@@ -135,7 +140,8 @@ def validate(
     a `vllm serve` launch line or script, kvctl's vllm-args.txt, a vLLM --config YAML, a Kubernetes
     manifest (container args, ConfigMaps), an LMCache config, or a `config render --out` folder.
     Reports every problem with file:line, what is wrong and how to fix it; exit 1 when any is an
-    error, 2 when the input cannot be read (with --json, an error object on stdout too).
+    error, 2 when the input cannot be read (with --json, an error object on stdout too). A
+    setting vLLM silently drops is an error unless --allow-dropped.
     """
     from kvctl.cli import output
     from kvctl.errors import KvctlError
@@ -144,7 +150,7 @@ def validate(
 
     try:
         version, source = resolve_target(vllm_version)
-        report = validate_path(file, version)
+        report = validate_path(file, version, allow_dropped=allow_dropped)
     except KvctlError as exc:
         if json_out:
             output.print_json({"path": str(file), "ok": False, "error": {
@@ -171,7 +177,8 @@ def _print_report(report, source: str) -> None:  # noqa: ANN001 - ValidationRepo
         return
     output.show(header + found)
     for p in report.problems:
-        output.show(f"{output.styled(p.severity)}  [bold]{escape(p.where)}[/]\n    {escape(p.message)}\n"
+        tag = " [dim](dropped by vLLM)[/]" if p.dropped else ""
+        output.show(f"{output.styled(p.severity)}{tag}  [bold]{escape(p.where)}[/]\n    {escape(p.message)}\n"
                     f"    [dim]fix:[/] {escape(p.fix)}")
     errors = sum(p.severity == "error" for p in report.problems)
     warnings = len(report.problems) - errors

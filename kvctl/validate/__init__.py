@@ -36,8 +36,10 @@ __all__ = [
 ]
 
 
-def validate_path(path: Path, version: Version | str) -> ValidationReport:
+def validate_path(path: Path, version: Version | str, *, allow_dropped: bool = False) -> ValidationReport:
     """Validate every config in a file (any format kvctl reads) or a rendered bundle folder.
+
+    Settings vLLM silently drops (Problem.dropped) are errors unless `allow_dropped`.
 
     UsageError (exit 2) when the input cannot be read or holds nothing kvctl can validate.
     """
@@ -57,6 +59,8 @@ def validate_path(path: Path, version: Version | str) -> ValidationReport:
 
         env = next(((a.data, a.lines) for a in found.artifacts if a.kind == "env"), None)
         report.problems += check_bundle(path, found.artifacts[0].data, env, names, found.copies)
+    if allow_dropped:
+        report.allow_dropped()
     return report
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 ERROR = "error"
@@ -26,6 +26,9 @@ class Problem:
     message: str  # what is wrong: names the field, the value, the vLLM version
     fix: str  # how to fix it, concretely
     severity: str  # "error" | "warning"
+    # vLLM starts and silently does nothing with a setting the config states (a misspelled key it
+    # ignores, a file no connector reads): an error by default, a warning with --allow-dropped.
+    dropped: bool = False
 
 
 class SourceLines(dict[str, int]):
@@ -78,8 +81,16 @@ class ValidationReport:
         return [p for p in self.problems if p.severity == WARNING]
 
     @property
+    def dropped(self) -> list[Problem]:
+        return [p for p in self.problems if p.dropped]
+
+    @property
     def ok(self) -> bool:
         return not self.errors
+
+    def allow_dropped(self) -> None:
+        """Report silently dropped settings as warnings (exit 0): for users who know."""
+        self.problems = [replace(p, severity=WARNING) if p.dropped else p for p in self.problems]
 
     def to_dict(self) -> dict[str, Any]:
         """Stable JSON shape for --json and CI."""
@@ -90,6 +101,7 @@ class ValidationReport:
             "ok": self.ok,
             "errors": len(self.errors),
             "warnings": len(self.warnings),
+            "dropped": len(self.dropped),
             "found": self.found,
             "problems": [asdict(p) for p in self.problems],
         }
@@ -129,6 +141,11 @@ class Collector:
 
     def warn(self, path: str, message: str, fix: str) -> None:
         self.add(WARNING, path, message, fix)
+
+    def drop(self, path: str, message: str, fix: str) -> None:
+        """A setting vLLM accepts and silently does nothing with: `message` says what vLLM does
+        instead (an error unless the user passes --allow-dropped)."""
+        self.problems.append(Problem(locate(path, self.lines), message, fix, ERROR, dropped=True))
 
 
 # -- wording ----------------------------------------------------------------------------

@@ -713,9 +713,19 @@ def test_report_to_dict_shape() -> None:
     problems = [Problem("a", "m", "f", ERROR), Problem("b", "m2", "f2", WARNING)]
     data = ValidationReport("p", "bundle", "0.23.0", problems).to_dict()
     assert data["ok"] is False and data["errors"] == 1 and data["warnings"] == 1
-    assert data["problems"][1] == {"where": "b", "message": "m2", "fix": "f2", "severity": WARNING}
+    assert data["problems"][1] == {"where": "b", "message": "m2", "fix": "f2", "severity": WARNING,
+                                   "dropped": False}
     json.dumps(data)
     assert ValidationReport("p", "bundle", "0.23.0", [problems[1]]).ok
+
+
+def test_dropped_settings_fail_unless_allowed() -> None:
+    dropped = Problem("c", "vLLM ignores it", "f3", ERROR, dropped=True)
+    report = ValidationReport("p", "shell", "0.13.0", [dropped, Problem("b", "m2", "f2", WARNING)])
+    assert not report.ok and report.to_dict()["dropped"] == 1
+    report.allow_dropped()
+    assert report.ok and [p.severity for p in report.problems] == [WARNING, WARNING]
+    assert report.dropped == [Problem("c", "vLLM ignores it", "f3", WARNING, dropped=True)]
 
 
 def test_presence_api() -> None:

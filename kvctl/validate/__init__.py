@@ -25,6 +25,7 @@ from kvctl.validate.kv_config import validate_kv_transfer_config, version_notes
 from kvctl.validate.lmcache import validate_lmcache_config
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines, ValidationReport, locate
 from kvctl.validate.mooncake_file import validate_mooncake_config
+from kvctl.validate.python_api import check_python_api
 from kvctl.validate.readers import not_found, read
 from kvctl.validate.readers.documents import node_lines, parse_document
 from kvctl.validate.readers.env_file import read_env_file
@@ -54,6 +55,7 @@ def validate_path(path: Path, version: Version | str, *, allow_dropped: bool = F
     for artifact in found.artifacts:
         report.found.append(_describe(artifact))
         report.problems += _check(artifact, v, artifact.readers or names)
+        report.problems += check_python_api(artifact, v)
     if found.format == "bundle":
         from kvctl.validate.bundle import check_bundle
 

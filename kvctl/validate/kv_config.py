@@ -28,6 +28,7 @@ from kvctl.validate.model import (
     placeholder,
 )
 from kvctl.validate.mooncake_file import MOONCAKE_KEYS
+from kvctl.validate.offloading import check_offloading
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
@@ -63,6 +64,7 @@ def _check_config(cfg: Any, v: Version, where: str, out: Collector, child: bool,
     _check_values(cfg, v, where, out)
     _check_cpu_build(cfg, v, where, out)
     _check_extra_config(cfg, v, where, out)
+    check_offloading(cfg, v, where, out)
     _check_reset(cfg, v, where, out)
 
 

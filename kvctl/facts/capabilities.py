@@ -208,6 +208,20 @@ class CapabilityTable:
         row = _interval_at(values.get("values", []), parse_version(version))
         return None if row is None or not row.get("value") else tuple(sorted(row["value"]))
 
+    def extra_config_keys(self, version: str | Version, connector: str) -> tuple[str, ...] | None:
+        """The kv_connector_extra_config keys `connector` reads in `version`, when the facts say."""
+        values = self.facts["connectors"].get(connector, {}).get("extra_config_keys", {})
+        row = _interval_at(values.get("values", []), parse_version(version))
+        return None if row is None or not row.get("value") else tuple(sorted(row["value"]))
+
+    def extra_config_key_span(self, connector: str, key: str) -> tuple[str | None, str | None]:
+        """(first release, first release no longer) in which `connector` reads extra-config `key`."""
+        rows = [row for row in self.facts["connectors"].get(connector, {}).get("extra_config_keys", {})
+                .get("values", []) if key in (row.get("value") or {})]
+        if not rows:
+            return None, None
+        return rows[0]["since"], rows[-1].get("until")
+
     def is_older_than_known(self, version: str | Version) -> bool:
         """True for releases before the first one the facts were taken from."""
         return parse_version(version) < self.first_known

@@ -62,6 +62,9 @@ class Artifact:
     # Environment set for the same command (`A=b vllm serve`, `export A=b`, a container's env):
     # some verdicts depend on it (VLLM_USE_V1=0 selects the V0 engine and its connectors).
     env: Mapping[str, str] = field(default_factory=dict)
+    # vLLM Python API the script called to build it ("KVTransferConfig.from_cli"): readers are
+    # version-free, so they record the call and python_api.py says which releases lack it.
+    calls: tuple[str, ...] = ()
 
 
 @dataclass

@@ -1,0 +1,1 @@
+vllm serve /home/Qwen/Qwen3-0.6B --kv_transfer_config '{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_cpu_blocks":500,"block_size":128,"spec_name":"NPUOffloadingSpec","spec_module_path": "vllm_ascend.kv_offload.npu"}}'

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.capabilities import config_facts, connector_facts, route_facts
+from tools.capabilities import config_facts, connector_facts, offload_facts, route_facts
 from tools.capabilities.merge import facts_at, strip_locations
 from tools.capabilities.source import SourceTree
 
@@ -20,10 +20,13 @@ def snapshot(source_root: Path) -> dict:
     """One release's facts from a directory that contains `vllm/`."""
     tree = SourceTree(Path(source_root))
     fields, config = config_facts.extract(tree)
+    offload_specs, offload_connectors = offload_facts.extract(tree)
     return {
         "fields": fields,
         "config": config,
         "connectors": connector_facts.extract(tree),
         "routes": route_facts.extract_routes(tree),
         "engine": route_facts.extract_engine(tree),
+        "offload_specs": offload_specs,
+        "offload_connectors": offload_connectors,
     }

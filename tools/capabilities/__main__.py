@@ -24,7 +24,12 @@ def generate(offline: bool, root: Path = fetch.CACHE_ROOT,
     started = time.monotonic()
     stats: dict = {"downloaded_bytes": 0}
     if offline:
-        releases = [v for v in (only or fetch.release_list(root)) if v in fetch.cached_versions(root)]
+        wanted = only or fetch.release_list(root)
+        stale = [v for v in wanted if v in fetch.stale_versions(root)]
+        if stale:  # facts from fewer files than the extractors read would be silently wrong
+            raise SystemExit(f"the source cache of {', '.join(stale)} predates members the extractors read now "
+                             f"({root}): run once without --offline to refetch them")
+        releases = [v for v in wanted if v in fetch.cached_versions(root)]
     else:
         releases, metas = fetch.fetch_all(root, only=only)
         stats["downloaded_bytes"] = sum(m["bytes_downloaded"] for m in metas)

@@ -41,6 +41,8 @@ MEMBER_PATTERNS = (
     "vllm/v1/engine/*",
     "vllm/envs.py",
     "vllm/distributed/mooncake*",  # MooncakeStoreConfig moved here (0.3x)
+    "vllm/v1/kv_offload/*",  # OffloadingConnector's specs and their factory (0.11+)
+    "vllm/v1/simple_kv_offload/*",  # SimpleCPUOffloadConnector's manager and worker
 )
 
 # Ranges closer than this are fetched in one request: fewer round trips beat a few wasted kB.
@@ -189,11 +191,12 @@ def fetch_release(client: httpx.Client, release: Release, root: Path = CACHE_ROO
     """Download the wanted members of one release into root/<version>/; returns its marker."""
     dest = root / release.version
     marker = dest / MARKER
-    if marker.exists():
-        meta = json.loads(marker.read_text())
-        if meta.get("patterns") == list(MEMBER_PATTERNS):
-            return meta
-        # The member list grew since this release was cached: fetch it again.
+    meta = _marker(root, release.version)
+    if meta is not None and _covers(meta):
+        return meta
+    # Not cached, or cached before the member list grew: fetch it again. The old marker goes
+    # first, so an interrupted refetch is never mistaken for a complete one.
+    marker.unlink(missing_ok=True)
     archive, remote = _open_wheel(client, release)
     members = [info for info in archive.infolist() if wanted(info.filename)]
     spans = [(i.header_offset, i.header_offset + LOCAL_HEADER_SLACK + len(i.filename) + i.compress_size)
@@ -211,16 +214,40 @@ def fetch_release(client: httpx.Client, release: Release, root: Path = CACHE_ROO
     return meta
 
 
-def _is_cached(root: Path, version: str) -> bool:
+def _marker(root: Path, version: str) -> dict | None:
     marker = root / version / MARKER
-    return marker.exists() and json.loads(marker.read_text()).get("patterns") == list(MEMBER_PATTERNS)
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None  # absent, or cut short mid-write: not complete
+
+
+def _covers(meta: dict) -> bool:
+    """Was this release fetched with every member pattern wanted now? A cache from before the
+    list grew (vllm/v1/kv_offload was added later) lacks files an extractor reads."""
+    return set(MEMBER_PATTERNS) <= set(meta.get("patterns", ()))
+
+
+def _is_cached(root: Path, version: str) -> bool:
+    meta = _marker(root, version)
+    return meta is not None and _covers(meta)
 
 
 def cached_versions(root: Path = CACHE_ROOT) -> list[str]:
-    """Releases fully present in the cache, oldest first (what --offline works from)."""
+    """Releases fully present in the cache with today's members, oldest first (what --offline
+    works from)."""
     if not root.is_dir():
         return []
-    found = [p.name for p in root.iterdir() if (p / MARKER).exists()]
+    found = [p.name for p in root.iterdir() if p.is_dir() and _is_cached(root, p.name)]
+    return sorted(found, key=Version)
+
+
+def stale_versions(root: Path = CACHE_ROOT) -> list[str]:
+    """Releases cached complete but with fewer members than wanted now (refetch: go online)."""
+    if not root.is_dir():
+        return []
+    found = [p.name for p in root.iterdir() if p.is_dir() and _marker(root, p.name) is not None
+             and not _is_cached(root, p.name)]
     return sorted(found, key=Version)
 
 

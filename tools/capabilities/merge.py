@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-SECTIONS = ("fields", "config", "connectors", "routes", "engine")
+SECTIONS = ("fields", "config", "connectors", "routes", "engine", "offload_specs", "offload_connectors")
 NESTED = "params"
 LOCATION = ("file", "line")
 LEAF_ATTRS = {"spans", "types", "values", "v0", "v1", "reset_cache"}

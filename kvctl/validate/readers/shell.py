@@ -9,12 +9,10 @@ written with `cat > f <<EOF`) are read as documents, and what kvctl cannot evalu
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import shlex
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -23,8 +21,8 @@ from kvctl import yamlio
 from kvctl.errors import UsageError
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import loads, text_lines
+from kvctl.validate.readers.shell_words import Skipped, Token, split_commands
 
-_PUNCTUATION = ";&|()<>\n"  # shlex groups runs of these into one token, e.g. "&\n"
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
 # verl / Hydra: [+|++|~]a.b.kv_transfer_config[.key]=value
 _HYDRA = re.compile(r"^(?:\+\+|\+|~)?(?P<path>(?:[\w-]+\.)*kv_transfer_config)(?P<dotted>(?:\.[\w-]+)+)?="
@@ -33,11 +31,13 @@ _ASSIGN = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$", re.S)
 _DECLARE = {"export", "local", "declare", "readonly", "typeset"}
 _HYDRA_FLOW_KEY = re.compile(r"([{,]\s*)([\w.-]+):(?=[^\s/])")  # {a:1,b:x} -> {a: 1,b: x}
 _VARIABLE = re.compile(r"\$(?:\{(?P<braced>\w+)\}|(?P<plain>[A-Za-z_]\w*))")
+_WHOLE_VARIABLE = re.compile(r"^\$(?:\{(?P<braced>\w+)\}|(?P<plain>[A-Za-z_]\w*))$")
+_MOONCAKE_KEYS = ("master_server_address", "metadata_server")  # a mooncake.json has one
 _JSON_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 _HEREDOC = re.compile(r"<<(?P<dash>-?)\s*(?P<quote>['\"]?)(?P<word>\w+)(?P=quote)")
 _MARKERS = ("--kv-transfer-config", "--kv_transfer_config")
 _MAX_DEPTH = 3  # strings holding launch lines holding strings ...
-# Launch scripts are kilobytes; POSIX word splitting in Python reads ~1 MB a second.
+# Launch scripts are kilobytes; word splitting in Python reads ~1 MB a second.
 MAX_SCRIPT_BYTES = 1024 * 1024
 
 # Reads a heredoc body that is a document (JSON / YAML); given by the structured reader, which
@@ -45,78 +45,29 @@ MAX_SCRIPT_BYTES = 1024 * 1024
 DocumentReader = Callable[[str, str, int], tuple[list[Artifact], list[Problem]]]
 
 
-@dataclass(frozen=True)
-class Token:
-    text: str
-    line: int  # file line where the token starts
-
-
 @dataclass
 class Command:
     tokens: list[Token]
     env: dict[str, str] = field(default_factory=dict)
+    array: str = ""  # NAME when the words are the items of an array NAME=( ... )
 
     @property
     def program(self) -> str:
         """A short name for the origin of a config: 'vllm serve', 'python -m vllm...', ..."""
+        if self.array:
+            return f"array {self.array}"
         words = [t.text for t in self.tokens if not _ASSIGN.match(t.text)][:3]
         if words[:2] == ["vllm", "serve"] or (words and words[0].endswith("/vllm")):
             return "vllm serve"
         if "-m" in words:
             return f"python -m {words[words.index('-m') + 1]}" if words[-1] != "-m" else "python -m"
-        return words[0] if words else "arguments"
+        return words[0] if words and not words[0].startswith("-") else "arguments"
 
 
 def tokenize(text: str, base_line: int = 1) -> list[list[Token]]:
-    """Split `text` into commands of tokens (POSIX quoting; `\\` line continuations joined;
-    `#` comments dropped). ValueError for unbalanced quotes."""
-    # A continuation is 2 characters replaced by 2 spaces: offsets still match `text`.
-    joined = text.replace("\\\r\n", "   ").replace("\\\n", "  ")
-    lexer = shlex.shlex(io.StringIO(joined), posix=True, punctuation_chars=_PUNCTUATION)
-    lexer.whitespace, lexer.whitespace_split, lexer.commenters = " \t\r", True, ""
-    commands: list[list[Token]] = [[]]
-    in_comment = array = False
-    lines = _NewlineCounter(text)
-    while True:
-        try:
-            word = lexer.get_token()
-        except ValueError as exc:  # unbalanced quotes: say where the quoted text starts
-            start = base_line + text.count("\n", 0, lexer.instream.tell()) - lexer.token.count("\n")
-            raise ValueError(f"line {start}: {str(exc).lower()}") from None
-        if word is None or word == lexer.eof:
-            break
-        if in_comment or word.startswith("#"):
-            in_comment = "\n" not in word
-            if in_comment:
-                continue
-        if not word.strip(_PUNCTUATION):  # ; & && | || ( ) newline: the command ends
-            if "(" in word and commands[-1] and commands[-1][-1].text.endswith("="):
-                array = True  # NAME=( ... ): an array's words may span lines
-                continue
-            if array and ")" not in word:
-                continue
-            array = False
-            commands.append([])
-            continue
-        end = max(lexer.instream.tell() - 1, 0)
-        lines.advance(end)
-        commands[-1].append(Token(word, base_line + lines.newlines - word.count("\n")))
-    return [c for c in commands if c]
-
-
-@dataclass
-class _NewlineCounter:
-    """Newlines before an offset, counted once as offsets only grow (a count from 0 for every
-    token made a 1 MB script take 40 s)."""
-
-    text: str
-    offset: int = 0
-    newlines: int = 0
-
-    def advance(self, offset: int) -> None:
-        if offset > self.offset:
-            self.newlines += self.text.count("\n", self.offset, offset)
-            self.offset = offset
+    """Split `text` into commands of words (bash quoting and nesting, `\\` continuations joined,
+    `#` comments dropped); commands kvctl cannot split are left out (split_commands says which)."""
+    return split_commands(text, base_line).commands
 
 
 @dataclass
@@ -126,39 +77,44 @@ class _Shell:
     variables: dict[str, str] = field(default_factory=dict)
     exported: dict[str, str] = field(default_factory=dict)
 
+    lines: dict[str, int] = field(default_factory=dict)  # where each variable was last set
+
     def command(self, tokens: list[Token]) -> Command | None:
         """The command with its environment, or None for a pure assignment (remembered)."""
+        if tokens and tokens[0].opens_array:  # NAME=( items ): no string value kvctl keeps
+            name = tokens[0].text.rstrip("+=")
+            self.variables.pop(name, None)
+            self.exported.pop(name, None)
+            return Command(tokens[1:], dict(self.exported), array=name) if len(tokens) > 1 else None
+        found = assignments(tokens)
         if tokens and tokens[0].text in _DECLARE:
-            exported = tokens[0].text == "export"
-            for token in tokens[1:]:
-                match = _ASSIGN.match(token.text)
-                if match:
-                    self.remember(match["name"], self.expand(match["value"]), exported)
+            for token, name, value in found:
+                self.remember(name, self.expand(value), tokens[0].text == "export", token.line)
             return None
         env = dict(self.exported)
-        index = 0
-        while index < len(tokens) and _ASSIGN.match(tokens[index].text) and \
-                not _HYDRA.match(tokens[index].text):
-            match = _ASSIGN.match(tokens[index].text)
-            env[match["name"]] = self.expand(match["value"])
-            index += 1
-        if index == len(tokens):  # NAME=value on its own: a shell variable from now on
-            for name, value in env.items():
-                if name not in self.exported:
-                    self.remember(name, value)
+        env.update((name, self.expand(value)) for _, name, value in found)
+        if len(found) == len(tokens):  # NAME=value on its own: a shell variable from now on
+            for token, name, _ in found:
+                self.remember(name, env[name], name in self.exported, token.line)
             return None
-        return Command(tokens[index:], env)
+        return Command(tokens[len(found):], env)
 
-    def remember(self, name: str, value: str, exported: bool = False) -> None:
-        """Record NAME=value; a value only running the script gives ($(...), $((...)), `...`,
-        cut by the tokenizer to a trailing '$') is forgotten rather than guessed."""
+    def remember(self, name: str, value: str, exported: bool = False, line: int = 0) -> None:
+        """Record NAME=value; a value only running the script gives ($(...), $((...)), `...`)
+        is forgotten rather than guessed."""
         if value.endswith("$") or "$(" in value or "`" in value:
             self.variables.pop(name, None)
             self.exported.pop(name, None)
+            self.lines.pop(name, None)
             return
         self.variables[name] = value
+        self.lines[name] = line
         if exported:
             self.exported[name] = value
+
+    def line_of(self, name: str) -> int | None:
+        """The line that set NAME, when the script set it to a value kvctl kept."""
+        return self.lines.get(name) if name in self.variables else None
 
     def expand(self, text: str) -> str:
         """$NAME and ${NAME} replaced where the script set NAME; others left as written."""
@@ -169,15 +125,50 @@ class _Shell:
         return _VARIABLE.sub(value, text)
 
 
-def read_launch_text(text: str, file: str, base_line: int = 1,
-                     documents: DocumentReader | None = None) -> tuple[list[Artifact], list[Problem]]:
-    """kv_transfer_config artifacts (one per command that sets one), the configs in heredoc
-    bodies, and problems met while reading (a value that is not JSON, what kvctl cannot evaluate)."""
+def assignments(tokens: list[Token]) -> list[tuple[Token, str, str]]:
+    """(token, NAME, raw value) of the assignments a command makes: every NAME=value after
+    export/local/declare, else the leading NAME=value words (`A=b vllm serve ...`)."""
+    if tokens and tokens[0].text in _DECLARE:
+        words = tokens[1:]
+    else:
+        words = []
+        for token in tokens:
+            if not _ASSIGN.match(token.text) or _HYDRA.match(token.text):
+                break
+            words.append(token)
+    return [(t, m["name"], m["value"]) for t in words if (m := _ASSIGN.match(t.text))]
+
+
+def read_launch_text(text: str, file: str, base_line: int = 1, documents: DocumentReader | None = None,
+                     env: Mapping[str, str] | None = None) -> tuple[list[Artifact], list[Problem]]:
+    """kv_transfer_config artifacts (one per command that sets one, and one per variable holding
+    one), the configs in heredoc bodies, and problems met while reading (a value that is not
+    JSON, a command kvctl cannot split, what kvctl cannot evaluate). `env`: the environment the
+    text runs with (a container's env)."""
     if len(text) > MAX_SCRIPT_BYTES:
         raise UsageError(f"{file}: {len(text)} bytes of shell text is more than kvctl reads as a "
                          f"launch script ({MAX_SCRIPT_BYTES // 1024} KB)",
                          "give the script that starts vLLM, or the kv_transfer_config itself")
-    return _Reader(file, documents).read(text, base_line, _Shell(), depth=0)
+    shell = _Shell(dict(env or {}), dict(env or {}))
+    reader = _Reader(file, documents)
+    reader.read(text, base_line, shell, depth=0)
+    return merge_held(reader.artifacts, reader.held), reader.problems
+
+
+def merge_held(artifacts: list[Artifact], held: list[Artifact]) -> list[Artifact]:
+    """`artifacts` and the configs found in variables that no command's flag already gave (a
+    flag using "$VAR" is located at VAR's text, so the same value at the same line is one config)."""
+    def key(artifact: Artifact) -> tuple[str, str, int | None]:
+        return artifact.kind, json.dumps(artifact.data, sort_keys=True, default=str), \
+            artifact.lines.get(artifact.where)
+
+    seen = {key(a) for a in artifacts}
+    out = list(artifacts)
+    for artifact in held:
+        if key(artifact) not in seen:
+            seen.add(key(artifact))
+            out.append(artifact)
+    return out
 
 
 @dataclass
@@ -186,21 +177,49 @@ class _Reader:
     documents: DocumentReader | None
     artifacts: list[Artifact] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    held: list[Artifact] = field(default_factory=list)  # configs in variables (merge_held)
 
-    def read(self, text: str, base_line: int, shell: _Shell, depth: int
-             ) -> tuple[list[Artifact], list[Problem]]:
+    def read(self, text: str, base_line: int, shell: _Shell, depth: int) -> None:
         text = self._heredocs(text, base_line)
-        try:
-            commands = tokenize(text, base_line)
-        except ValueError as exc:
-            raise UsageError(f"{self.file}: {exc}: cannot split it into shell words",
-                             "close the quote (kvctl reads launch lines with POSIX shell quoting)") from None
-        for tokens in commands:
+        split = split_commands(text, base_line)
+        self.problems += [self._skipped(s) for s in split.skipped]
+        for tokens in split.commands:
             self._nested(tokens, shell, depth)
+            self._variables(tokens, shell)
             command = shell.command(tokens)
             if command is not None:
-                self.artifacts += configs_in_command(command, self.file, self.problems, shell.expand)
-        return self.artifacts, self.problems
+                self.artifacts += configs_in_command(command, self.file, self.problems, shell.expand,
+                                                     shell.line_of)
+
+    def _skipped(self, skipped: Skipped) -> Problem:
+        """A command kvctl could not split: said at its line, the rest of the file still read. An
+        error when it holds a --kv-transfer-config (that config cannot be checked, and if the
+        quote is really unclosed bash stops the script there: 'unexpected EOF')."""
+        lines = f"line {skipped.line}" if skipped.first == skipped.last else \
+            f"lines {skipped.first}-{skipped.last}"
+        holds_config = any(m in skipped.text for m in _MARKERS)
+        return Problem(f"{self.file}:{skipped.line}",
+                       f"kvctl cannot split {lines} into shell words: {skipped.what} opened on line "
+                       f"{skipped.line} is never closed as kvctl reads it (bash would stop the script "
+                       f"there with 'unexpected EOF'); kvctl skipped {lines} and read the rest of the file"
+                       + (", so the --kv-transfer-config there is not checked" if holds_config else ""),
+                       "close or escape the quote (inside '...' write '\\'' for a quote); if bash runs "
+                       "the script as it is, check that command's kv_transfer_config on its own",
+                       ERROR if holds_config else WARNING)
+
+    def _variables(self, tokens: list[Token], shell: _Shell) -> None:
+        """A variable whose value is a kv_transfer_config or a mooncake.json is a config even when
+        no command of this file uses it (another script, a container's env may)."""
+        for token, name, raw in assignments(tokens):
+            value = shell.expand(raw)
+            stripped = value.lstrip()
+            if not stripped.startswith("{"):
+                continue
+            line = token.line + value[:len(value) - len(stripped)].count("\n")
+            artifact = config_in_text(stripped, self.file, line)
+            if artifact is not None:
+                self.held.append(replace(artifact, origin=f"variable {name} (line {token.line})",
+                                         env=dict(shell.exported)))
 
     def _nested(self, tokens: list[Token], shell: _Shell, depth: int) -> None:
         """Words that hold a whole launch line (`ARGS="... --kv-transfer-config '{...}'"`, an
@@ -212,10 +231,10 @@ class _Reader:
                 continue
             before = len(self.artifacts)
             if depth < _MAX_DEPTH:
-                try:
-                    self.read(inner, token.line, shell, depth + 1)
-                except UsageError:
-                    pass
+                self.read(inner, token.line, shell, depth + 1)
+            if body:  # say which variable held the line (a function or eval runs it later)
+                self.artifacts[before:] = [replace(a, origin=f"{a.origin} in variable {body['name']}")
+                                           for a in self.artifacts[before:]]
             if len(self.artifacts) == before and not any(p.where.startswith(f"{self.file}:{token.line}")
                                                          for p in self.problems):
                 self.problems.append(Problem(
@@ -257,6 +276,24 @@ class _Reader:
             self.read(body, first_line, _Shell(), depth=_MAX_DEPTH)
 
 
+def config_in_text(text: str, file: str, line: int) -> Artifact | None:
+    """The kv_transfer_config (a JSON / YAML-flow mapping with kv_connector or kv_role) or the
+    mooncake.json (JSON with a master or metadata address) that `text`, at file line `line`, is."""
+    parsed = _parse_value(text, json_only=False)
+    if isinstance(parsed, str) and '\\"' in text:  # '{\"a\": 1}' kept for a later eval
+        text = text.replace('\\"', '"')
+        parsed = _parse_value(text, json_only=False)
+    if isinstance(parsed, str):
+        return None
+    if "kv_connector" in parsed or "kv_role" in parsed:
+        kind = "kv_transfer_config"
+    elif any(k in parsed for k in _MOONCAKE_KEYS) and isinstance(_parse_value(text, True), dict):
+        kind = "mooncake"
+    else:
+        return None
+    return Artifact(kind, parsed, kind, text_lines(text, kind, file, line))
+
+
 @dataclass
 class _Pending:
     """One command's kv_transfer_config, assembled from a whole value and/or dotted keys."""
@@ -265,10 +302,14 @@ class _Pending:
     lines: SourceLines | None = None
     line: int = 0
     hydra_path: str = ""
+    via: str = ""  # the variable the value came from: "KV_CONFIG (line 3)"
 
 
 def configs_in_command(command: Command, file: str, problems: list[Problem],
-                       expand: Callable[[str], str] = lambda text: text) -> list[Artifact]:
+                       expand: Callable[[str], str] = lambda text: text,
+                       line_of: Callable[[str], int | None] = lambda name: None) -> list[Artifact]:
+    """The kv_transfer_config one command sets. `line_of(NAME)`: where the variable a flag's
+    whole value names ("$KV_CONFIG") was set, so the config's keys are located in its text."""
     pending = _Pending()
     tokens = command.tokens
     for index, token in enumerate(tokens):
@@ -282,6 +323,7 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
                                             "give it a JSON object", ERROR))
                     continue
                 value, line = tokens[index + 1].text, tokens[index + 1].line
+            line = _from_variable(pending, value, line, line_of)
             _take(pending, flag["dotted"], value, line, file, problems, True, expand)
         elif hydra:
             pending.hydra_path = hydra["path"]
@@ -289,16 +331,29 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
     if pending.lines is None:
         return []
     root = "kv_transfer_config"
+    via = f", its value from {pending.via}" if pending.via else ""
     return [Artifact("kv_transfer_config", pending.data, root, pending.lines,
                      origin=f"{'Hydra override' if pending.hydra_path else command.program} "
-                            f"(line {pending.line})", env=command.env)]
+                            f"(line {pending.line}){via}", env=command.env)]
+
+
+def _from_variable(pending: _Pending, raw: str, line: int, line_of: Callable[[str], int | None]) -> int:
+    """The line to locate a flag's value at: the variable's own line when the value is one
+    variable the script set (its keys are in that text), else the flag's."""
+    whole = _WHOLE_VARIABLE.match(raw)
+    set_at = line_of(whole["braced"] or whole["plain"]) if whole else None
+    if not set_at:
+        return line
+    pending.line = pending.line or line  # the origin names the flag's line
+    pending.via = f"{whole['braced'] or whole['plain']} (line {set_at})"
+    return set_at
 
 
 def _take(pending: _Pending, dotted: str | None, raw: str, line: int, file: str,
           problems: list[Problem], json_only: bool, expand: Callable[[str], str]) -> None:
     value = expand(raw)
     if pending.lines is None:
-        pending.lines, pending.line = SourceLines(file, {"kv_transfer_config": line}), line
+        pending.lines, pending.line = SourceLines(file, {"kv_transfer_config": line}), pending.line or line
     if dotted:  # --kv-transfer-config.kv_role kv_both: one key (vLLM parses the value as JSON or text)
         keys = dotted.strip(".").split(".")
         node = pending.data

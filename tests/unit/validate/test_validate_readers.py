@@ -80,10 +80,12 @@ def test_shell_variables_are_said_not_guessed(tmp_path: Path) -> None:
     assert report.problems[0].where.startswith(f"{path}:1")
 
 
-def test_unbalanced_quote_is_a_usage_error_with_the_line(tmp_path: Path) -> None:
+def test_an_unclosed_quote_on_the_launch_line_is_an_error_at_its_line(tmp_path: Path) -> None:
     path = write(tmp_path, "run.sh", "echo hi\nvllm serve m --kv-transfer-config '{\"a\": 1}\n")
-    with pytest.raises(UsageError, match=r"line 2: no closing quotation"):
-        read(path)
+    (problem,) = read(path).problems
+    assert problem.where == f"{path}:2" and problem.severity == "error"
+    assert "a ' quote opened on line 2 is never closed" in problem.message
+    assert "the --kv-transfer-config there is not checked" in problem.message
 
 
 # -- verl / Hydra ---------------------------------------------------------------------------
@@ -257,3 +259,109 @@ def test_huge_inputs_are_refused_before_reading(tmp_path: Path) -> None:
         read(write(tmp_path, "run.sh", "echo hi\n" * 200_000))
     with pytest.raises(UsageError, match="more than kvctl reads"):
         read(write(tmp_path, "c.yaml", "a: b\n" * 4_000_000))
+
+
+# -- shell scripts read command by command (issue 27) -----------------------------------------
+PREAMBLE = '''#!/usr/bin/env bash
+set -euo pipefail
+DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "${DIR}/env.sh"
+MODEL=${MODEL:-"Qwen/Qwen3-8B"}
+'''
+
+
+def test_a_bash_source_preamble_does_not_stop_the_reader(tmp_path: Path) -> None:
+    filler = "".join(f"echo step {i}\n" for i in range(20))
+    path = write(tmp_path, "run.sh", PREAMBLE + filler + "vllm serve $MODEL \\\n"
+                 f"  --kv-transfer-config '{json.dumps(STORE)}'\n")
+    found = read(path)
+    (artifact,) = found.artifacts
+    assert artifact.data == STORE and artifact.lines["kv_transfer_config"] == 27
+    assert artifact.origin == "vllm serve (line 27)"
+    assert len(found.problems) <= 1 and not [p for p in found.problems if p.severity == "error"]
+
+
+def test_an_unclosed_quote_on_one_line_is_said_there_and_later_configs_are_found(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", "echo starting\necho it's time\n"
+                 f"vllm serve m --kv-transfer-config '{json.dumps(STORE)}'\n")
+    found = read(path)
+    assert [a.lines["kv_transfer_config"] for a in found.artifacts] == [3]
+    (note,) = found.problems
+    assert note.where == f"{path}:2" and note.severity == "warning"
+    assert "kvctl skipped line 2 and read the rest of the file" in note.message
+
+
+def test_continuations_and_quotes_inside_command_substitutions(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", 'HOST_IP="$(hostname -I \\\n  | awk \'{print $1}\')"\n'
+                 'PORT=`python -c "print(8000 + ${RANK:-0})"`\n'
+                 f"vllm serve m --port $PORT --kv-transfer-config '{json.dumps(STORE)}'\n")
+    found = read(path)
+    assert [a.lines["kv_transfer_config"] for a in found.artifacts] == [4] and not found.problems
+
+
+def test_heredoc_bodies_and_configs_after_them(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", "cat > /tmp/mooncake.json <<'EOF'\n"
+                 '{"metadata_server": "P2PHANDSHAKE", "master_server_address": "m:50051",\n'
+                 ' "protocol": "tcp"}\nEOF\n'
+                 "cat <<-EOT\n\tit's a body, not a quote\n\tEOT\n"
+                 f"MOONCAKE_CONFIG_PATH=/tmp/mooncake.json vllm serve m --kv-transfer-config '{json.dumps(STORE)}'\n")
+    found = read(path)
+    assert [(a.kind, a.lines[a.where]) for a in found.artifacts] == [("mooncake", 2), ("kv_transfer_config", 8)]
+    assert found.artifacts[1].env["MOONCAKE_CONFIG_PATH"] == "/tmp/mooncake.json" and not found.problems
+
+
+def test_arrays_case_if_and_functions(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", """ARGS=(
+  --port 8000   # the port
+  --kv-transfer-config '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
+)
+case "$ROLE" in
+  prefill) vllm serve m --kv-transfer-config '{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}' ;;
+esac
+start() {
+  if [ -n "$X" ]; then vllm serve m --kv-transfer-config '{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}'; fi
+}
+vllm serve m "${ARGS[@]}"
+""")
+    found = read(path)
+    assert [(a.data["kv_role"], a.lines["kv_transfer_config"], a.origin) for a in found.artifacts] == [
+        ("kv_both", 3, "array ARGS (line 3)"), ("kv_producer", 6, "vllm serve (line 6)"),
+        ("kv_consumer", 9, "vllm serve (line 9)")]
+    assert not found.problems
+
+
+def test_a_json_config_in_a_variable_nothing_uses_is_found(tmp_path: Path) -> None:
+    path = write(tmp_path, "env.sh", """export KV_TRANSFER_CONFIG='{"kv_connector": "MooncakeStoreConnector",
+  "kv_role": "kv_both"}'
+KV_CFG="{\\"kv_connector\\":\\"NixlConnector\\",\\"kv_role\\":\\"kv_both\\"}"
+setup() {
+  local lm='{kv_connector: LMCacheConnectorV1, kv_role: kv_both}'
+}
+MC='{"master_server_address": "m:50051", "metadata_server": "P2PHANDSHAKE"}' python launch.py
+""")
+    found = read(path)
+    assert [(a.kind, a.lines[a.where], a.origin) for a in found.artifacts] == [
+        ("kv_transfer_config", 1, "variable KV_TRANSFER_CONFIG (line 1)"),
+        ("kv_transfer_config", 3, "variable KV_CFG (line 3)"),
+        ("kv_transfer_config", 5, "variable lm (line 5)"),
+        ("mooncake", 7, "variable MC (line 7)")]
+    assert found.artifacts[0].lines["kv_transfer_config.kv_role"] == 2
+    assert found.artifacts[2].data == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+
+
+def test_a_variable_a_flag_uses_is_one_config_located_in_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", f"""KV_CONFIG='{json.dumps(STORE)}'
+VLLM_USE_V1=1 vllm serve m --kv-transfer-config "$KV_CONFIG"
+vllm serve m --kv-transfer-config '{json.dumps(STORE)}'
+""")
+    found = read(path)
+    assert [(a.lines["kv_transfer_config"], a.origin) for a in found.artifacts] == [
+        (1, "vllm serve (line 2), its value from KV_CONFIG (line 1)"), (3, "vllm serve (line 3)")]
+    assert found.artifacts[0].env == {"VLLM_USE_V1": "1"}
+
+
+def test_an_error_in_a_variable_is_reported_once_at_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "run.sh", 'KV=\'{"kv_connector": "MooncakeStoreConnector",\n "kv_role": "kv_bot"}\'\n'
+                 'vllm serve m --kv-transfer-config "$KV"\n')
+    report = validate_path(path, "0.32.0")
+    assert [p.where for p in report.errors] == [f"{path}:2 kv_transfer_config.kv_role"]

@@ -21,7 +21,7 @@ from kvctl import yamlio
 from kvctl.errors import UsageError
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import loads, text_lines
-from kvctl.validate.readers.shell_words import Skipped, Token, split_commands
+from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
 
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
 # verl / Hydra: [+|++|~]a.b.kv_transfer_config[.key]=value
@@ -197,12 +197,15 @@ class _Reader:
         quote is really unclosed bash stops the script there: 'unexpected EOF')."""
         lines = f"line {skipped.line}" if skipped.first == skipped.last else \
             f"lines {skipped.first}-{skipped.last}"
+        then = (f"after {MAX_SKIPPED} such commands kvctl stopped reading" if skipped.gave_up else
+                f"kvctl skipped {lines} and read the rest of the file")
         holds_config = any(m in skipped.text for m in _MARKERS)
+        if holds_config:
+            then += ", so the --kv-transfer-config there is not checked"
         return Problem(f"{self.file}:{skipped.line}",
                        f"kvctl cannot split {lines} into shell words: {skipped.what} opened on line "
                        f"{skipped.line} is never closed as kvctl reads it (bash would stop the script "
-                       f"there with 'unexpected EOF'); kvctl skipped {lines} and read the rest of the file"
-                       + (", so the --kv-transfer-config there is not checked" if holds_config else ""),
+                       f"there with 'unexpected EOF'); {then}",
                        "close or escape the quote (inside '...' write '\\'' for a quote); if bash runs "
                        "the script as it is, check that command's kv_transfer_config on its own",
                        ERROR if holds_config else WARNING)

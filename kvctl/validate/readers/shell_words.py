@@ -22,6 +22,9 @@ _CONTROL = frozenset({"if", "then", "else", "elif", "do", "while", "until", "{",
                       "fi", "done", "esac", "}"})
 _PLACEHOLDER = re.compile(r"<[\w.:/@-]+>")
 _ARRAY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\+?=$")
+# A text with more commands kvctl cannot split than this is not a script it understands: the last
+# note covers the rest of the text (each skip costs a scan to the end of the text).
+MAX_SKIPPED = 20
 _ANSI_C = {"n": "\n", "t": "\t", "\\": "\\", "'": "'", '"': '"', "r": "\r"}
 
 
@@ -41,6 +44,7 @@ class Skipped:
     last: int  # last line skipped (reading goes on after it)
     what: str  # "a ' quote", "a $( command substitution", ...
     text: str  # the skipped text
+    gave_up: bool = False  # MAX_SKIPPED reached: the rest of the text is not read
 
 
 @dataclass
@@ -77,6 +81,11 @@ class _Lexer:
                 position = self._commands(position)
             except _Recover as stop:
                 position = stop.resume
+                if len(self.out.skipped) == MAX_SKIPPED:  # each skip rescans to the end: bound it
+                    last = self.out.skipped[-1]
+                    self.out.skipped[-1] = Skipped(last.line, last.first, self.line(len(self.text)),
+                                                   last.what, last.text + self.text[position:], True)
+                    break
         return self.out
 
     # -- one pass from `start` until the end, or until a command cannot be split -----------

@@ -365,3 +365,12 @@ def test_an_error_in_a_variable_is_reported_once_at_the_key(tmp_path: Path) -> N
                  'vllm serve m --kv-transfer-config "$KV"\n')
     report = validate_path(path, "0.32.0")
     assert [p.where for p in report.errors] == [f"{path}:2 kv_transfer_config.kv_role"]
+
+
+def test_many_commands_kvctl_cannot_split_are_bounded(tmp_path: Path) -> None:
+    """Each skip rescans to the end of the text: hostile input stops after MAX_SKIPPED notes."""
+    from kvctl.validate.readers.shell_words import MAX_SKIPPED
+
+    path = write(tmp_path, "run.sh", 'echo "unclosed $(\n' * 20_000)
+    problems = read(path).problems
+    assert len(problems) == MAX_SKIPPED and "kvctl stopped reading" in problems[-1].message

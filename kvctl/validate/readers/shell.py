@@ -156,14 +156,17 @@ def read_launch_text(text: str, file: str, base_line: int = 1, documents: Docume
 
 
 def merge_held(artifacts: list[Artifact], held: list[Artifact]) -> list[Artifact]:
-    """`artifacts` and the configs found in variables that no command's flag already gave (a
-    flag using "$VAR" is located at VAR's text, so the same value at the same line is one config)."""
-    def key(artifact: Artifact) -> tuple[str, str, int | None]:
+    """`artifacts` (the same value at the same line with the same env once) and the configs found
+    in variables that none of them already gave (a flag using "$VAR" is located at VAR's text)."""
+    def key(artifact: Artifact, env: bool = False) -> tuple[Any, ...]:
         return artifact.kind, json.dumps(artifact.data, sort_keys=True, default=str), \
-            artifact.lines.get(artifact.where)
+            artifact.lines.get(artifact.where), tuple(sorted(artifact.env.items())) if env else ()
 
-    seen = {key(a) for a in artifacts}
-    out = list(artifacts)
+    out: list[Artifact] = []
+    for artifact in artifacts:  # two commands using one "$VAR" the same way: one config
+        if key(artifact, env=True) not in {key(a, env=True) for a in out}:
+            out.append(artifact)
+    seen = {key(a) for a in out}
     for artifact in held:
         if key(artifact) not in seen:
             seen.add(key(artifact))

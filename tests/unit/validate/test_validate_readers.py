@@ -374,3 +374,56 @@ def test_many_commands_kvctl_cannot_split_are_bounded(tmp_path: Path) -> None:
     path = write(tmp_path, "run.sh", 'echo "unclosed $(\n' * 20_000)
     problems = read(path).problems
     assert len(problems) == MAX_SKIPPED and "kvctl stopped reading" in problems[-1].message
+
+
+# -- Python: names followed, the API per release (issue 27) -----------------------------------
+PY_VARIABLES = '''import json
+from vllm import LLM
+from vllm.config import KVTransferConfig
+
+kv_config = {
+    "kv_connector": "MultiConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+        {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
+    ]},
+}
+spare = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+prefill = LLM(model="m", kv_transfer_config=kv_config)
+decode = dict(engine_kwargs={"kv_transfer_config": kv_config})
+ktc = KVTransferConfig(**spare)
+'''
+
+
+def test_python_dicts_in_variables_are_followed_and_found_once(tmp_path: Path) -> None:
+    path = write(tmp_path, "serve.py", PY_VARIABLES)
+    found = read(path).artifacts
+    assert [(a.lines["kv_transfer_config"], a.origin) for a in found] == [
+        (5, "Python (line 14), its value from kv_config (line 5)"),
+        (13, "Python (line 16), its value from spare (line 13)")]
+    assert found[0].lines["kv_transfer_config.kv_connector_extra_config.connectors[1].kv_connector"] == 10
+
+
+def test_python_dict_in_a_variable_nothing_passes_on(tmp_path: Path) -> None:
+    path = write(tmp_path, "cfg.py", 'KV = {"kv_connector": "NixlConnector",\n      "kv_role": "kv_bot"}\n')
+    (artifact,) = read(path).artifacts
+    assert artifact.origin == "variable KV (line 1)"
+    assert [p.where for p in validate_path(path, "0.32.0").errors] == [f"{path}:2 kv_transfer_config.kv_role"]
+
+
+@pytest.mark.parametrize(("version", "gone"), [("0.8.5", False), ("0.8.5.post1", False), ("0.9.0", True),
+                                               ("0.13.0", True), ("0.32.0", True)])
+def test_kv_transfer_config_from_cli_is_gone_since_0_9_0(tmp_path: Path, version: str, gone: bool) -> None:
+    """vllm/config.py:3288 of 0.8.5(.post1) has KVTransferConfig.from_cli; 0.9.0 and later do not."""
+    path = write(tmp_path, "run.py", "import json\nfrom vllm.config import KVTransferConfig\n"
+                 'TEXT = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})\n'
+                 "ktc = KVTransferConfig.from_cli(TEXT)\n")
+    (artifact,) = read(path).artifacts
+    assert artifact.calls == ("KVTransferConfig.from_cli",) and artifact.data["kv_connector"] == "NixlConnector"
+    errors = [p for p in validate_path(path, version).errors if "from_cli" in p.message]
+    assert bool(errors) is gone
+    if gone:
+        assert errors[0].where == f"{path}:4 KVTransferConfig.from_cli"
+        assert "gone since vLLM 0.9.0" in errors[0].message and "AttributeError" in errors[0].message
+        assert "KVTransferConfig(**json.loads(text))" in errors[0].fix

@@ -16,7 +16,6 @@ from kvctl.facts.capabilities import table
 from kvctl.facts.versions import parse_version
 from kvctl.validate.field_types import type_error
 from kvctl.validate.model import (
-    ERROR,
     WARNING,
     Collector,
     Problem,
@@ -65,26 +64,40 @@ def _check_config(cfg: Any, v: Version, where: str, out: Collector, child: bool,
     _check_cpu_build(cfg, v, where, out)
     _check_extra_config(cfg, v, where, out)
     check_offloading(cfg, v, where, out)
-    _check_reset(cfg, v, where, out)
+    _check_reset(cfg, v, where, out, env)
 
 
-def _check_reset(cfg: Mapping[str, Any], v: Version, where: str, out: Collector) -> None:
-    """A connector whose KV lives on a Mooncake master but whose reset_cache() does not clear it
-    in `v`: vLLM's reset answers success and the stale KV stays (kvctl reset clears the master)."""
+def _check_reset(cfg: Mapping[str, Any], v: Version, where: str, out: Collector,
+                 env: Mapping[str, str]) -> None:
+    """A connector that keeps KV outside vLLM's prefix cache but whose reset_cache() does not clear
+    it in `v`: vLLM's reset answers success and the stale KV stays (kvctl reset clears a master)."""
     name = cfg.get("kv_connector")
     if not table().has(v, "http.reset_prefix_cache.reset_external"):
         return  # no HTTP connector reset to be fooled by (kvctl's floor says so elsewhere)
     if not isinstance(name, str) or table().registered(v, name) is None:
         return
     info = table().connector(name)
-    if info is None or info.store != "mooncake-master" or info.reset.contains(v):
+    if info is None or info.store not in ("mooncake-master", "other") or info.reset.contains(v):
         return
+    on_master = info.store == "mooncake-master" and (name != "LMCacheConnectorV1"
+                                                     or _lmcache_uses_mooncake(cfg, env))
+    where_kv = "on the Mooncake master" if on_master else f"in {name}'s own storage"
     since = info.reset.since
     out.warn(join(where, "kv_connector"), f"on vLLM {v}, {name}'s reset_cache() does not clear "
-             "the Mooncake store: /reset_prefix_cache?reset_external=true answers success and "
-             "the stale KV stays on the master",
+             f"{'the Mooncake store' if on_master else 'the KV it stores'}: /reset_prefix_cache?reset_external=true answers success and "
+             f"the stale KV stays {where_kv}",
              (f"upgrade vLLM to >= {since}, or " if since and not info.reset.never else "")
-             + "clear the master as part of the reset (kvctl reset --connector does)")
+             + ("clear the master as part of the reset (kvctl reset --connector does)" if on_master
+                else "clear that storage yourself after a weight update (restart the servers, or "
+                     "the store's own tool)"))
+
+
+def _lmcache_uses_mooncake(cfg: Mapping[str, Any], env: Mapping[str, str]) -> bool:
+    """LMCache keeps KV on a Mooncake master only with a mooncakestore:// remote (its config
+    file, LMCACHE_REMOTE_URL, or the extra config say so)."""
+    if str(env.get("LMCACHE_REMOTE_URL", "")).startswith("mooncakestore://"):
+        return True
+    return "mooncake" in repr(cfg.get("kv_connector_extra_config") or {}).lower()
 
 
 def version_notes(v: Version, path: str) -> list[Problem]:
@@ -123,7 +136,10 @@ def _check_fields(cfg: Mapping[str, Any], v: Version, where: str, out: Collector
             fix = f"remove {key}, or upgrade vLLM to >= {info.span.since}"
         else:
             what, fix = f"'{key}' is not a KVTransferConfig field", _unknown_field_fix(str(key), v)
-        out.add(ERROR if forbid else WARNING, join(where, key), f"{what}; {consequence}", fix)
+        if forbid:
+            out.error(join(where, key), f"{what}; {consequence}", fix)
+        else:
+            out.drop(join(where, key), f"{what}; {consequence}", fix)
 
 
 def _unknown_field_fix(key: str, v: Version) -> str:
@@ -192,7 +208,7 @@ def _check_connector(cfg: Mapping[str, Any], v: Version, where: str, out: Collec
             return
         if table().connector_lookup(v) == "module_path" or table().registered(v, name) is None:
             return  # vLLM imports the class from that module: kvctl cannot see its code
-        out.warn(mp_path, f"kv_connector_module_path {module_path!r} is ignored: vLLM {v} looks "
+        out.drop(mp_path, f"kv_connector_module_path {module_path!r} is ignored: vLLM {v} looks "
                  f"the name up in its own registry first, and it registers {name}, so vLLM's "
                  f"{name} runs, not the one in {module_path}",
                  "give the class a name vLLM does not register, or use vLLM >= "
@@ -213,8 +229,9 @@ def _check_connector_name(name: str, v: Version, path: str, out: Collector,
             v1 = [n for n in table().connectors_in(v)
                   if (table().registered(v, n) or registered).generation == "v1"]
             out.error(path, f"{name} is a V0 connector in vLLM {v} ({registered.module}): the V1 "
-                      "engine, the default, does not register it and raises 'Unsupported "
-                      f"connector type: {name}'", either(
+                      "engine, the default, finds it in the one registry both engines share and "
+                      "fails `assert issubclass(connector_cls, KVConnectorBase_V1)` "
+                      "(AssertionError in kv_connector/factory.py) at start", either(
                           "export VLLM_USE_V1=0 for the servers (the V0 engine has it)",
                           "use a V1 connector of this release: " + ", ".join(v1)))
         return
@@ -353,12 +370,48 @@ def _check_extra_config(cfg: Mapping[str, Any], v: Version, where: str, out: Col
     # Children's own extra configs are searched when each child is checked.
     searched = {k: val for k, val in extra.items() if not (multi and k == "connectors")}
     for key_path, value in find_key(searched, "mooncake_config_path", path):
-        out.warn(key_path, f"mooncake_config_path {value!r} in kv_connector_extra_config does "
-                  "nothing: vLLM reads the Mooncake config only from the MOONCAKE_CONFIG_PATH "
-                  "environment variable",
-                  f"export MOONCAKE_CONFIG_PATH={value} on every server and remove the key")
+        out.drop(key_path, f"mooncake_config_path {value!r} in kv_connector_extra_config does "
+                 "nothing: vLLM reads the Mooncake config only from the MOONCAKE_CONFIG_PATH "
+                 "environment variable (without it MooncakeStoreConnector raises ValueError 'The "
+                 "environment variable 'MOONCAKE_CONFIG_PATH' is not set.' at start)",
+                 f"export MOONCAKE_CONFIG_PATH={value} on every server and remove the key")
+    _check_extra_keys(cfg.get("kv_connector"), searched, v, path, out)
     if multi:
         _check_children(extra.get("connectors"), v, join(path, "connectors"), out)
+
+
+def _check_extra_keys(name: Any, extra: Mapping[str, Any], v: Version, path: str,
+                      out: Collector) -> None:
+    """Extra-config keys the connector never reads in `v` (its facts list what it reads): vLLM
+    passes the mapping through untouched, so a misspelled or too-new key silently does nothing."""
+    if not isinstance(name, str) or table().registered(v, name) is None:
+        return
+    reads = table().extra_config_keys(v, name)
+    if reads is None:
+        return  # kvctl's facts do not list this connector's keys: nothing to compare with
+    for key in extra:
+        key = str(key)
+        if key in reads or key == "mooncake_config_path":  # the latter is reported above
+            continue
+        since, until = table().extra_config_key_span(name, key)
+        if since is not None and parse_version(since) > v:
+            what = f"{name} reads '{key}' only from vLLM {since}"
+            fix = f"upgrade vLLM to >= {since}, or remove {key}"
+        elif until is not None and parse_version(until) <= v:
+            what = f"{name} no longer reads '{key}' (last read before vLLM {until})"
+            fix = f"remove {key}"
+        else:
+            what = f"'{key}' is not a key {name} reads"
+            fix = did_you_mean(key, reads) + f"remove {key} (it reads: {', '.join(reads)})"
+        out.drop(join(path, key), f"{what}: vLLM {v} starts and ignores it{_consequence(key)}",
+                 fix)
+
+
+def _consequence(key: str) -> str:
+    if key == "cache_prefix":
+        return (", so this deployment's keys carry no prefix: they are not isolated from other "
+                "deployments on the master, and a clear scoped to the prefix finds none of them")
+    return ""
 
 
 def _check_children(children: Any, v: Version, path: str, out: Collector) -> None:

@@ -50,7 +50,7 @@ def validate_mooncake_config(
         return out.problems
     who = reader_of(v, readers, cfg) if reader != "lmcache" else Reader("lmcache", None, None)
     if who.kind == "none":
-        out.warn(where, f"no connector of vLLM {v} reads this mooncake.json: {who.why}",
+        out.drop(where, f"no connector of vLLM {v} reads this mooncake.json: {who.why}",
                  "drop the file, or configure a connector that reads it")
         return out.problems
     if who.kind == "v0-pipe":
@@ -218,7 +218,7 @@ def _check_mode(cfg: Mapping[str, Any], v: Version, where: str, out: Collector,
         return
     since = table().capability("mooncake.mode").span.since
     if "mode" in cfg and not has_mode:
-        out.warn(path, f"vLLM {v} does not read mode; it always runs embedded",
+        out.drop(path, f"vLLM {v} does not read mode; it always runs embedded",
                  f"remove mode, or upgrade vLLM to >= {since} for {mode}")
     seg_path = join(where, "global_segment_size")
     if not has_mode:
@@ -245,7 +245,7 @@ def _check_mode(cfg: Mapping[str, Any], v: Version, where: str, out: Collector,
 def _check_versioned_keys(cfg: Mapping[str, Any], v: Version, where: str, out: Collector) -> None:
     if "tenant_id" in cfg and not table().has(v, "mooncake.tenant_id"):
         since = table().capability("mooncake.tenant_id").span.since
-        out.warn(join(where, "tenant_id"), f"vLLM {v} does not read tenant_id (first read in "
+        out.drop(join(where, "tenant_id"), f"vLLM {v} does not read tenant_id (first read in "
                   f"{since}): keys are not isolated, this deployment shares keys with every other "
                   "user of the master", f"upgrade vLLM to >= {since}, or give each deployment its "
                   "own master (or its own cache_prefix in kv_connector_extra_config)")
@@ -253,7 +253,7 @@ def _check_versioned_keys(cfg: Mapping[str, Any], v: Version, where: str, out: C
         path, value = join(where, "enable_offload"), cfg["enable_offload"]
         if not table().has(v, "mooncake.enable_offload"):
             since = table().capability("mooncake.enable_offload").span.since
-            out.warn(path, f"vLLM {v} does not read enable_offload (first read in {since}): no "
+            out.drop(path, f"vLLM {v} does not read enable_offload (first read in {since}): no "
                      "offload happens", f"remove it, or upgrade vLLM to >= {since}")
         elif not isinstance(value, bool):
             out.warn(path, f"enable_offload is {value!r}, not true/false: vLLM reads it with "
@@ -270,9 +270,9 @@ def _check_mooncake_keys(cfg: Mapping[str, Any], where: str, out: Collector, who
         if key in keys or (who.kind == "v1-store" and key in MOONCAKE_KEYS):
             continue  # read, or read by another release (_check_versioned_keys says which)
         if key == "local_hostname":
-            out.warn(path, f"local_hostname is not read by {reader}",
+            out.drop(path, f"local_hostname is not read by {reader}",
                      "export MOONCAKE_REQUESTER_LOCAL_HOSTNAME=<host> instead (else the host IP "
                      "is used), and remove the key")
         else:
-            out.warn(path, f"'{key}' is not a key {reader} reads; Mooncake ignores unknown keys",
+            out.drop(path, f"'{key}' is not a key {reader} reads; Mooncake ignores unknown keys",
                      did_you_mean(key, keys) + f"remove {key}")

@@ -11,8 +11,9 @@ import yaml
 
 from kvctl.config import templates
 from kvctl.config.render import render, write_bundle
-from kvctl.errors import UsageError
+from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.capabilities import table
+from kvctl.facts.kv_transfer import connector_names
 from kvctl.facts.versions import parse_version
 from kvctl.validate import validate_kv_transfer_config, validate_mooncake_config
 
@@ -56,7 +57,9 @@ def test_every_template_for_every_version(name: str, version: str, tmp_path: Pat
             assert not set(cfg) & REMOVED_IN_032
     assert [p for p in validate_kv_transfer_config(bundle.kv_transfer_config, v) if p.severity == "error"] == []
     if bundle.mooncake is not None:
-        assert [p for p in validate_mooncake_config(bundle.mooncake, v) if p.severity == "error"] == []
+        readers = tuple(connector_names(bundle.kv_transfer_config))  # as its own connectors read it
+        assert [p for p in validate_mooncake_config(bundle.mooncake, v, readers=readers)
+                if p.severity == "error"] == []
         assert Path(bundle.env["MOONCAKE_CONFIG_PATH"]) == tmp_path / "mooncake.json"
     assert bundle.env["PYTHONHASHSEED"] == "0" and bundle.env["VLLM_SERVER_DEV_MODE"] == "1"
 
@@ -124,8 +127,16 @@ def test_older_than_supported() -> None:
         render(templates.load("mooncake-pd"), {"role": "producer"}, parse_version("0.12.0"))
 
 
+def test_a_cache_prefix_the_release_does_not_read_is_refused(tmp_path: Path) -> None:
+    """MooncakeStoreConnector reads cache_prefix from 0.24.0: on 0.23 the keys would carry no prefix
+    and every clear scoped to it would find nothing."""
+    with pytest.raises(KvctlError, match="reads 'cache_prefix' only from vLLM 0.24.0") as info:
+        render(templates.load("mooncake-store"), {"cache_prefix": "team-a"}, parse_version("0.23.0"), base_dir=tmp_path)
+    assert "--set" in info.value.hint and not list(tmp_path.iterdir())
+
+
 def test_formats(tmp_path: Path) -> None:
-    bundle = render(templates.load("mooncake-store"), {"cache_prefix": "it's"}, parse_version("0.23.0"),
+    bundle = render(templates.load("mooncake-store"), {"cache_prefix": "it's"}, parse_version("0.24.0"),
                     base_dir=tmp_path)
     args = shlex.split(bundle.as_format("vllm-args"))
     assert args[0] == "--kv-transfer-config" and json.loads(args[1]) == bundle.kv_transfer_config

@@ -102,9 +102,12 @@ def _render_cases() -> list[tuple[str, list[str]]]:
             for version, variant in ((first, "all-set"), (newest, "all-set"), (newest, "defaults")):
                 args = ["config", "render", name, "--vllm-version", version] + (["--set", f"role={role}"] if role else [])
                 if variant == "all-set":
-                    # kvctl refuses tenant_id for a vLLM that ignores it (before 0.28): the newest only
+                    # kvctl refuses what a vLLM ignores: tenant_id before 0.28 (the newest only here),
+                    # cache_prefix before 0.24 (MooncakeStoreConnector reads it from 0.24.0)
                     extra = [a for k, v in optional.items() if k in template.parameters
-                             and (k != "tenant_id" or version == newest) for a in ("--set", f"{k}={v}")]
+                             and (k != "tenant_id" or version == newest)
+                             and (k != "cache_prefix" or Version(version) >= Version("0.24.0"))
+                             for a in ("--set", f"{k}={v}")]
                     args, variant = args + extra, "all-set" if extra else "defaults"
                 case_id = f"{side}-{version}-{variant}"
                 if case_id not in (c for c, _ in cases):

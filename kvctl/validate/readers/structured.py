@@ -10,7 +10,8 @@ that is a JSON object with a Mooncake master address is a mooncake.json.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,51 @@ import yaml
 from kvctl.facts.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe, join
 from kvctl.validate.readers.documents import loads, node_lines, parse_documents, text_lines
-from kvctl.validate.readers.shell import Command, Token, configs_in_command, read_launch_text
+from kvctl.validate.readers.shell import (
+    Command,
+    Token,
+    config_in_text,
+    configs_in_command,
+    is_config_flag,
+    merge_held,
+    read_launch_text,
+)
 
 _KTC_KEYS = ("kv_transfer_config", "kv-transfer-config")
 _MOONCAKE_MARKERS = ("master_server_address", "metadata_server")
 _LAUNCH_MARKERS = ("--kv-transfer-config", "--kv_transfer_config", "kv_transfer_config=",
                    "kv_transfer_config.")
+_CONTAINER_LISTS = {"containers": "container", "initContainers": "init container"}
+_K8S_VARIABLE = re.compile(r"\$\((\w+)\)")  # Kubernetes expands $(NAME) in command/args from env
 # Keys only an LMCache config has (LMCache's LMCacheEngineConfig).
 _LMCACHE_MARKERS = ("chunk_size", "local_cpu", "max_local_cpu_size", "remote_url", "remote_serde")
+
+
+@dataclass(frozen=True)
+class _Container:
+    """The container a value belongs to: how origins name it, and its env."""
+
+    label: str = ""  # "container 'prefill'", "init container 'setup'", "unnamed container 2"
+    path: str = ""  # its dotted path, so an origin names the item inside it ("args[3]")
+    env: dict[str, str] = field(default_factory=dict)
+    env_lines: dict[str, int] = field(default_factory=dict)  # where each env value's text starts
+    env_paths: dict[str, str] = field(default_factory=dict)  # dotted path of an env value -> NAME
+
+    def item(self, path: str) -> str:
+        """'args[3] in container 'x'' for a path inside the container, else the path itself."""
+        if self.label and path.startswith(self.path + "."):
+            return f"{path[len(self.path) + 1:]} of {self.label}"
+        if path.startswith("["):  # a Helm-rendered argv: the document is the list
+            return f"item {path} of the top-level list"
+        return path or "the top-level list"
+
+    def expand(self, text: str) -> str:
+        return _K8S_VARIABLE.sub(lambda m: self.env.get(m[1], m[0]), text)
+
+    def line_of(self, word: str) -> int | None:
+        """The line of the env value a whole `$(NAME)` word takes (its keys are located there)."""
+        match = _K8S_VARIABLE.fullmatch(word)
+        return self.env_lines.get(match[1]) if match else None
 
 
 @dataclass
@@ -34,6 +72,7 @@ class Found:
     format: str  # what the input is, for the report
     artifacts: list[Artifact] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)  # met while reading (e.g. bad JSON string)
+    held: list[Artifact] = field(default_factory=list)  # configs in env values (merge_held)
     # A bundle's other copies of its kv_transfer_config (verl.yaml, vllm-args.txt): file -> the
     # config read from it, or None when it cannot be read.
     copies: dict[str, Any] = field(default_factory=dict)
@@ -53,6 +92,7 @@ def read_document(data: Any, node: yaml.Node | None, file: str) -> Found:
         return Found("lmcache", [Artifact("lmcache", data, "lmcache", node_lines(node, "lmcache", file))])
     found = Found(_format_of(data))
     _visit("", data, node, node_lines(node, "", file), found)
+    found.artifacts, found.held = merge_held(found.artifacts, found.held), []
     return found
 
 
@@ -94,7 +134,8 @@ def _format_of(data: Any) -> str:
     return "yaml"
 
 
-def _visit(path: str, value: Any, node: yaml.Node | None, lines: SourceLines, found: Found) -> None:
+def _visit(path: str, value: Any, node: yaml.Node | None, lines: SourceLines, found: Found,
+           container: _Container = _Container()) -> None:
     """Look at one value; go into its children unless it was read as a whole."""
     key = path.rpartition(".")[2]
     if key in _KTC_KEYS:
@@ -103,22 +144,66 @@ def _visit(path: str, value: Any, node: yaml.Node | None, lines: SourceLines, fo
     elif isinstance(value, dict):
         children = _mapping_children(node)
         for child_key, child in value.items():
-            _visit(join(path, child_key), child, children.get(str(child_key)), lines, found)
+            _visit(join(path, child_key), child, children.get(str(child_key)), lines, found, container)
     elif isinstance(value, list):
         if any(isinstance(v, str) and v.startswith(_LAUNCH_MARKERS[:2]) for v in value):
-            _argv(path, value, node, lines, found)  # a container's args: already split words
+            _argv(path, value, node, lines, found, container)  # a container's args: already split words
             return
         items = node.value if isinstance(node, yaml.SequenceNode) else []
+        kind = _CONTAINER_LISTS.get(key.partition("[")[0])
         for index, item in enumerate(value):
-            _visit(f"{path}[{index}]", item, items[index] if index < len(items) else None, lines, found)
+            child_path = f"{path}[{index}]"
+            item_node = items[index] if index < len(items) else None
+            inner = _container(kind, item, item_node, child_path, lines) if kind and isinstance(item, dict) \
+                else container
+            _visit(child_path, item, item_node, lines, found, inner)
     elif isinstance(value, str):
         if any(marker in value for marker in _LAUNCH_MARKERS):  # a script: `sh -c`, a ConfigMap
-            artifacts, problems = read_launch_text(value, lines.file, _content_line(node, lines, path),
-                                                   read_document_text)
-            _add(found, artifacts, path)
+            artifacts, problems = read_launch_text(container.expand(value), lines.file,
+                                                   _content_line(node, lines, path), read_document_text,
+                                                   env=container.env)
+            _add(found, artifacts, container.item(path))
             found.problems += problems
         elif any(marker in value for marker in _MOONCAKE_MARKERS):
             _embedded_mooncake(path, value, node, lines, found)
+        elif "kv_connector" in value or "kv_role" in value:
+            _embedded_config(path, value, node, lines, found, container)
+
+
+def _container(kind: str, item: dict[str, Any], node: yaml.Node | None, path: str,
+               lines: SourceLines) -> _Container:
+    name = item.get("name")
+    index = int(path.rpartition("[")[2].rstrip("]"))
+    label = f"{kind} '{name}'" if isinstance(name, str) and name else f"unnamed {kind} {index + 1}"
+    env, env_lines, env_paths = {}, {}, {}
+    entries = item.get("env") if isinstance(item.get("env"), list) else []
+    env_node = _mapping_children(node).get("env")
+    entry_nodes = env_node.value if isinstance(env_node, yaml.SequenceNode) else []
+    for i, entry in enumerate(entries):  # [{name: X, value: "..."}]; valueFrom is not known here
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("value"), str):
+            env[entry["name"]] = entry["value"]
+            value_node = _mapping_children(entry_nodes[i]).get("value") if i < len(entry_nodes) else None
+            env_lines[entry["name"]] = _content_line(value_node, lines, f"{path}.env[{i}].value")
+            env_paths[f"{path}.env[{i}].value"] = entry["name"]
+    return _Container(label, path, env, env_lines, env_paths)
+
+
+def _embedded_config(path: str, value: str, node: yaml.Node | None, lines: SourceLines, found: Found,
+                     container: _Container) -> None:
+    """A string that is a kv_transfer_config: an env entry's value (KV_TRANSFER_CONFIG='{...}'),
+    a Helm value, a compose `environment:` item (NAME={...})."""
+    name, sep, text = value.partition("=")
+    if not (sep and re.fullmatch(r"[A-Za-z_]\w*", name)):
+        name, text = "", value
+    offset = len(value) - len(text)
+    start = _content_line(node, lines, path) + value[:offset].count("\n")
+    artifact = config_in_text(text.strip(), lines.file, start + text[:len(text) - len(text.lstrip())].count("\n"))
+    if artifact is not None and artifact.kind == "kv_transfer_config":
+        env_name = container.env_paths.get(path)
+        what = f"env {env_name} of {container.label}" if env_name else \
+            f"{name} in {container.item(path)}" if name else container.item(path)
+        found.held.append(replace(artifact, origin=f"{what} (line {lines.get(path, start)})",
+                                  env=container.env))
 
 
 def _mapping_children(node: yaml.Node | None) -> dict[str, yaml.Node]:
@@ -162,19 +247,23 @@ def _config_block(path: str, value: Any, node: yaml.Node | None, lines: SourceLi
 
 
 def _argv(path: str, items: list[Any], node: yaml.Node | None, lines: SourceLines,
-          found: Found) -> None:
+          found: Found, container: _Container) -> None:
     """A container's args / command list: each item is one word, already split."""
     item_nodes = node.value if isinstance(node, yaml.SequenceNode) else []
-    tokens = [Token(str(item), item_nodes[i].start_mark.line + 1 if i < len(item_nodes) else
-                    lines.get(path, 1)) for i, item in enumerate(items) if isinstance(item, (str, int))]
-    artifacts = configs_in_command(Command(tokens), lines.file, found.problems)
-    _add(found, artifacts, path)
-
-
-def _add(found: Found, artifacts: list[Artifact], path: str) -> None:
+    tokens = [Token(container.expand(str(item)), container.line_of(str(item)) or
+                    (item_nodes[i].start_mark.line + 1 if i < len(item_nodes) else lines.get(path, 1)))
+              for i, item in enumerate(items) if isinstance(item, (str, int))]
+    artifacts = configs_in_command(Command(tokens, dict(container.env)), lines.file, found.problems)
+    flag = next((i for i, item in enumerate(items) if isinstance(item, str) and is_config_flag(item)), 0)
     for artifact in artifacts:
-        found.artifacts.append(Artifact(artifact.kind, artifact.data, artifact.where, artifact.lines,
-                                        origin=f"{artifact.origin} in {path}", env=artifact.env))
+        found.artifacts.append(replace(artifact, origin=f"--kv-transfer-config at "
+                                                        f"{container.item(f'{path}[{flag}]')} "
+                                                        f"(line {artifact.lines.get(artifact.where)})"))
+
+
+def _add(found: Found, artifacts: list[Artifact], where: str) -> None:
+    for artifact in artifacts:
+        found.artifacts.append(replace(artifact, origin=f"{artifact.origin} in {where}"))
 
 
 def _embedded_mooncake(path: str, value: str, node: yaml.Node | None, lines: SourceLines,

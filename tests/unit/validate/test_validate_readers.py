@@ -427,3 +427,62 @@ def test_kv_transfer_config_from_cli_is_gone_since_0_9_0(tmp_path: Path, version
         assert errors[0].where == f"{path}:4 KVTransferConfig.from_cli"
         assert "gone since vLLM 0.9.0" in errors[0].message and "AttributeError" in errors[0].message
         assert "KVTransferConfig(**json.loads(text))" in errors[0].fix
+
+
+# -- Kubernetes: every origin names its container and the args item (issue 27) -------------------
+LWS = """apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata: {name: vllm}
+spec:
+  leaderWorkerTemplate:
+    leaderTemplate:
+      spec:
+        initContainers:
+          - name: setup
+            image: busybox
+            command: ["sh", "-c", "vllm serve m --kv-transfer-config '{\\"kv_connector\\":\\"NixlConnector\\",\\"kv_role\\":\\"kv_both\\"}'"]
+        containers:
+          - image: vllm/vllm-openai
+            args: ["vllm serve m --kv-transfer-config '{\\"kv_connector\\":\\"NixlConnector\\",\\"kv_role\\":\\"kv_producer\\"}'"]
+          - name: decode
+            env:
+              - name: KV_CFG
+                value: '{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}'
+            command: ["vllm", "serve"]
+            args: ["m", "--port", "8000", "--kv-transfer-config", "$(KV_CFG)"]
+          - name: sidecar
+            env:
+              - {name: UNUSED_CFG, value: '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}'}
+"""
+
+
+def test_kubernetes_origins_name_the_container_and_the_item(tmp_path: Path) -> None:
+    path = write(tmp_path, "lws.yaml", LWS)
+    found = [(a.data["kv_role"], a.lines["kv_transfer_config"], a.origin) for a in read(path).artifacts]
+    assert found == [
+        ("kv_both", 11, "vllm serve (line 11) in command[2] of init container 'setup'"),
+        ("kv_producer", 14, "vllm serve (line 14) in args[0] of unnamed container 1"),
+        ("kv_consumer", 18, "--kv-transfer-config at args[3] of container 'decode' (line 18)"),
+        ("kv_both", 23, "env UNUSED_CFG of container 'sidecar' (line 23)"),
+    ]
+
+
+def test_a_helm_rendered_argv_list_names_its_item(tmp_path: Path) -> None:
+    path = write(tmp_path, "args.yaml", f"- --model\n- m\n- --kv-transfer-config\n- '{json.dumps(STORE)}'\n")
+    (artifact,) = read(path).artifacts
+    assert artifact.origin == "--kv-transfer-config at item [2] of the top-level list (line 4)"
+
+
+def test_compose_environment_entries_holding_a_config(tmp_path: Path) -> None:
+    path = write(tmp_path, "docker-compose.yaml", f"""services:
+  prefill:
+    image: vllm/vllm-openai
+    environment:
+      - 'KV_TRANSFER_CONFIG={json.dumps(STORE)}'
+  decode:
+    environment:
+      KV_TRANSFER_CONFIG: '{json.dumps(STORE)}'
+""")
+    assert [(a.lines["kv_transfer_config"], a.origin) for a in read(path).artifacts] == [
+        (5, "KV_TRANSFER_CONFIG in services.prefill.environment[0] (line 5)"),
+        (8, "services.decode.environment.KV_TRANSFER_CONFIG (line 8)")]

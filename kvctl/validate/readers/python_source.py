@@ -18,7 +18,7 @@ from typing import Any
 from kvctl.errors import UsageError
 from kvctl.validate.model import Artifact, SourceLines, join
 from kvctl.validate.readers.documents import loads
-from kvctl.validate.readers.shell import merge_held
+from kvctl.validate.readers.merge import merge_held
 
 _ROOT = "kv_transfer_config"
 # Recorded in Artifact.calls, with the call's line under this name in Artifact.lines.

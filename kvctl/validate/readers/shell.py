@@ -21,6 +21,7 @@ from kvctl import yamlio
 from kvctl.errors import UsageError
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import loads, text_lines
+from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
 
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
@@ -157,26 +158,23 @@ def read_launch_text(text: str, file: str, base_line: int = 1, documents: Docume
     shell = _Shell(dict(env or {}), dict(env or {}))
     reader = _Reader(file, documents)
     reader.read(text, base_line, shell, depth=0)
-    return merge_held(reader.artifacts, reader.held), reader.problems
+    artifacts = merge_held(reader.artifacts, reader.held)
+    if not artifacts and not reader.problems:
+        reader.problems += _commented_out(text, file, base_line)
+    return artifacts, reader.problems
 
 
-def merge_held(artifacts: list[Artifact], held: list[Artifact]) -> list[Artifact]:
-    """`artifacts` (the same value at the same line with the same env once) and the configs found
-    in variables that none of them already gave (a flag using "$VAR" is located at VAR's text)."""
-    def key(artifact: Artifact, env: bool = False) -> tuple[Any, ...]:
-        return artifact.kind, json.dumps(artifact.data, sort_keys=True, default=str), \
-            artifact.lines.get(artifact.where), tuple(sorted(artifact.env.items())) if env else ()
-
-    out: list[Artifact] = []
-    for artifact in artifacts:  # two commands using one "$VAR" the same way: one config
-        if key(artifact, env=True) not in {key(a, env=True) for a in out}:
-            out.append(artifact)
-    seen = {key(a) for a in out}
-    for artifact in held:
-        if key(artifact) not in seen:
-            seen.add(key(artifact))
-            out.append(artifact)
-    return out
+def _commented_out(text: str, file: str, base_line: int) -> list[Problem]:
+    """A script whose only kv_transfer_config is in a comment (a usage example): said, since vLLM
+    then starts with no KV connector at all."""
+    for number, line in enumerate(text.split("\n"), start=base_line):
+        comment = line.lstrip()
+        if comment.startswith("#") and ("kv_transfer_config" in comment or "kv-transfer-config" in comment):
+            return [Problem(f"{file}:{number}", "the only kv_transfer_config here is in a comment: the "
+                            "script starts vLLM with no KV connector (nothing is offloaded or transferred)",
+                            "uncomment it (or pass it as the script's arguments) if the servers should use "
+                            "a connector", WARNING)]
+    return []
 
 
 @dataclass

@@ -20,13 +20,13 @@ import yaml
 from kvctl.facts.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe, join
 from kvctl.validate.readers.documents import loads, node_lines, parse_documents, text_lines
+from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.shell import (
     Command,
     Token,
     config_in_text,
     configs_in_command,
     is_config_flag,
-    merge_held,
     read_launch_text,
 )
 

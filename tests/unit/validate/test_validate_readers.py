@@ -486,3 +486,11 @@ def test_compose_environment_entries_holding_a_config(tmp_path: Path) -> None:
     assert [(a.lines["kv_transfer_config"], a.origin) for a in read(path).artifacts] == [
         (5, "KV_TRANSFER_CONFIG in services.prefill.environment[0] (line 5)"),
         (8, "services.decode.environment.KV_TRANSFER_CONFIG (line 8)")]
+
+
+def test_a_config_only_in_a_comment_is_said(tmp_path: Path) -> None:
+    path = write(tmp_path, "serve.sh", "# usage: bash serve.sh \\\n"
+                 "#   +engine_kwargs.kv_transfer_config.kv_connector=NixlConnector\nvllm serve m\n")
+    report = validate_path(path, "0.32.0")
+    (problem,) = report.problems
+    assert report.ok and problem.where == f"{path}:2" and "in a comment" in problem.message

@@ -15,6 +15,15 @@ from kvctl.validate.readers.shell import read_launch_text
 from kvctl.validate.readers.structured import Found, read_document, read_document_text
 
 _LAUNCH_SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".args")
+_TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2", ".tmpl", ".tpl")  # run.sh.j2 is a script
+
+
+def _suffix(path: Path) -> str:
+    """The format's suffix, under a template's (`launch.sh.j2` -> `.sh`)."""
+    suffixes = [s.lower() for s in path.suffixes]
+    while len(suffixes) > 1 and suffixes[-1] in _TEMPLATE_SUFFIXES:
+        suffixes.pop()
+    return suffixes[-1] if suffixes else ""
 
 
 def read(path: Path) -> Found:
@@ -27,11 +36,12 @@ def read(path: Path) -> Found:
     if not path.exists():
         raise UsageError(f"{path}: no such file or folder", "check the path")
     text = read_text(path)
-    if path.suffix.lower() == ".py":
+    suffix = _suffix(path)
+    if suffix == ".py":
         from kvctl.validate.readers.python_source import read_python
 
         return Found("python", read_python(text, str(path)))
-    if path.suffix.lower() in _LAUNCH_SUFFIXES:
+    if suffix in _LAUNCH_SUFFIXES:
         return _launch(text, path)
     try:
         documents = parse_documents(path, text)

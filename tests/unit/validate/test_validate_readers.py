@@ -494,3 +494,8 @@ def test_a_config_only_in_a_comment_is_said(tmp_path: Path) -> None:
     report = validate_path(path, "0.32.0")
     (problem,) = report.problems
     assert report.ok and problem.where == f"{path}:2" and "in a comment" in problem.message
+
+
+def test_a_templated_script_is_read_as_a_script(tmp_path: Path) -> None:
+    path = write(tmp_path, "launch.sh.j2", f"vllm serve {{{{ model }}}} --kv-transfer-config '{json.dumps(STORE)}'\n")
+    assert read(path).format == "launch-line" and configs(path) == [STORE]

@@ -69,7 +69,7 @@ def validate_path(path: Path, version: Version | str, *, allow_dropped: bool = F
 def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Problem]:
     if artifact.kind == "kv_transfer_config":
         return validate_kv_transfer_config(artifact.data, v, artifact.where, artifact.lines,
-                                           env=artifact.env)
+                                           env=artifact.env, partial=artifact.partial)
     if artifact.kind == "mooncake":
         return validate_mooncake_config(artifact.data, v, artifact.where, artifact.lines,
                                         readers=names)

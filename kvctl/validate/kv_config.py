@@ -43,23 +43,26 @@ def validate_kv_transfer_config(
     where: str = "kv_transfer_config",
     lines: Mapping[str, int] | None = None,
     env: Mapping[str, str] | None = None,
+    partial: bool = False,
 ) -> list[Problem]:
     """Every problem vLLM `version` would have with this kv_transfer_config (children included).
 
-    `env`: the servers' environment when the input says (a launch line's `VLLM_USE_V1=0`)."""
+    `env`: the servers' environment when the input says (a launch line's `VLLM_USE_V1=0`).
+    `partial`: keys overridden on a framework's own config, which may set the missing ones."""
     out = Collector(lines)
-    _check_config(cfg, parse_version(version), where, out, child=False, env=env or {})
+    _check_config(cfg, parse_version(version), where, out, child=False, env=env or {},
+                  partial=partial)
     return out.problems
 
 
 def _check_config(cfg: Any, v: Version, where: str, out: Collector, child: bool,
-                  env: Mapping[str, str]) -> None:
+                  env: Mapping[str, str], partial: bool = False) -> None:
     if not isinstance(cfg, Mapping):
         out.error(where, f"{where} must be a mapping (a JSON object), got {type(cfg).__name__}",
                   'write it like {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}')
         return
     _check_fields(cfg, v, where, out)
-    _check_role(cfg, where, out, child)
+    _check_role(cfg, where, out, child, partial)
     _check_connector(cfg, v, where, out, env)
     _check_values(cfg, v, where, out)
     _check_cpu_build(cfg, v, where, out)
@@ -124,12 +127,20 @@ def _unknown_field_fix(key: str, v: Version) -> str:
 
 
 
-def _check_role(cfg: Mapping[str, Any], where: str, out: Collector, child: bool) -> None:
+def _check_role(cfg: Mapping[str, Any], where: str, out: Collector, child: bool,
+                partial: bool = False) -> None:
     role, connector, path = cfg.get("kv_role"), cfg.get("kv_connector"), join(where, "kv_role")
     if role is None and connector is None and not child:
         out.warn(join(where, "kv_connector"), "neither kv_connector nor kv_role is set: vLLM "
                  "attaches no KV connector, so nothing is offloaded or transferred (a fragment "
                  "to merge into a full config?)", "set kv_connector and kv_role")
+        return
+    if placeholder(role):
+        return  # filled in later ($KV_ROLE): kvctl does not guess
+    if role is None and connector is not None and partial:
+        out.warn(path, f"kv_role is not set by these overrides while kv_connector is {connector!r}: "
+                 "it must come from the framework's base config or its code, else vLLM raises "
+                 "ValueError", "check the framework sets it, or add the override ...kv_role=kv_both")
         return
     if role is None:
         if connector is not None:

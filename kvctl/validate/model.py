@@ -65,6 +65,9 @@ class Artifact:
     # vLLM Python API the script called to build it ("KVTransferConfig.from_cli"): readers are
     # version-free, so they record the call and python_api.py says which releases lack it.
     calls: tuple[str, ...] = ()
+    # Keys set one by one on top of a framework's own config (Hydra overrides without '+'): the
+    # fields it does not set may come from that config, so a missing one is not a certain error.
+    partial: bool = False
 
 
 @dataclass

@@ -312,6 +312,8 @@ class _Pending:
     line: int = 0
     hydra_path: str = ""
     via: str = ""  # the variable the value came from: "KV_CONFIG (line 3)"
+    whole: bool = False  # a whole value was given (not only keys one by one)
+    adds: bool = False  # a Hydra override added a key the base config lacks (+key=...)
 
 
 def configs_in_command(command: Command, file: str, problems: list[Problem],
@@ -336,14 +338,18 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
             _take(pending, flag["dotted"], value, line, file, problems, True, expand)
         elif hydra:
             pending.hydra_path = hydra["path"]
+            pending.adds = pending.adds or token.text.startswith("+")
             _take(pending, hydra["dotted"], hydra["value"], token.line, file, problems, False, expand)
     if pending.lines is None:
         return []
     root = "kv_transfer_config"
     via = f", its value from {pending.via}" if pending.via else ""
+    # Hydra overrides without '+' change keys a framework's base config already has: the keys
+    # they do not name (kv_role, ...) may come from that config or the framework's code.
+    partial = bool(pending.hydra_path) and not pending.whole and not pending.adds
     return [Artifact("kv_transfer_config", pending.data, root, pending.lines,
                      origin=f"{'Hydra override' if pending.hydra_path else command.program} "
-                            f"(line {pending.line}){via}", env=command.env)]
+                            f"(line {pending.line}){via}", env=command.env, partial=partial)]
 
 
 def _from_variable(pending: _Pending, raw: str, line: int, line_of: Callable[[str], int | None]) -> int:
@@ -371,6 +377,7 @@ def _take(pending: _Pending, dotted: str | None, raw: str, line: int, file: str,
         node[keys[-1]] = _scalar(value)
         pending.lines["kv_transfer_config." + ".".join(keys)] = line
         return
+    pending.whole = True
     text = value if json_only else _HYDRA_FLOW_KEY.sub(r"\1\2: ", value)
     parsed = _parse_value(text, json_only)
     if isinstance(parsed, str) and '\\"' in text:

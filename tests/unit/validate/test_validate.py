@@ -780,3 +780,22 @@ def test_load_kv_transfer_config_from_each_input(tmp_path: Path) -> None:
     assert load_kv_transfer_config(write_bundle(tmp_path / "b")) == STORE
     with pytest.raises(UsageError, match="no kv_transfer_config in it: it holds a mooncake.json"):
         load_kv_transfer_config(tmp_path / "b" / "mooncake.json")
+
+
+def test_hydra_overrides_of_a_base_config_may_leave_kv_role_to_it(tmp_path: Path) -> None:
+    """`a.kv_transfer_config.kv_connector=X` (no '+') changes a key the framework's base config has:
+    kv_role may come from that config or the framework's code (SkyRL adds it for PD), so its absence
+    is a warning. `+...kv_connector=X` adds to a base without it: the missing kv_role is an error."""
+    base = tmp_path / "run.sh"
+    base.write_text("python -m trainer \\\n  gen.engine_kwargs.kv_transfer_config.kv_connector=NixlConnector\n")
+    [role] = [p for p in validate_path(base, "0.32.0").problems if p.where.endswith("kv_role")]
+    assert role.severity == WARNING and "framework's base config" in role.message
+    added = tmp_path / "add.sh"
+    added.write_text("python -m trainer \\\n  +gen.engine_kwargs.kv_transfer_config.kv_connector=NixlConnector\n")
+    [role] = [p for p in validate_path(added, "0.32.0").problems if p.where.endswith("kv_role")]
+    assert role.severity == ERROR and "kv_role is missing" in role.message
+
+
+def test_a_placeholder_role_is_not_judged() -> None:
+    cfg = {"kv_connector": "NixlConnector", "kv_role": "$KV_ROLE"}
+    assert not [p for p in validate_kv_transfer_config(cfg, "0.32.0") if "kv_role" in p.where]

@@ -1,0 +1,1 @@
+vllm bench throughput --model Qwen/Qwen3-0.6B --tensor-parallel-size 2 --dataset-name sharegpt --dataset-path /source/dataset/ShareGPT_V3_unfiltered_cleaned_split.json --num-prompts 565 --kv-transfer-config '{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_cpu_blocks":5000,"cpu_block_size":256}}'

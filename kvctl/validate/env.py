@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from packaging.version import Version
+
 from kvctl.validate.model import Collector, Problem, join
 
 STORE_CONNECTOR = "MooncakeStoreConnector"
@@ -62,3 +64,23 @@ def _check_dev_mode(value: str | None, path: str, out: Collector) -> None:
                  "caches",
                  "export VLLM_SERVER_DEV_MODE=1 (those routes are unauthenticated: keep the servers "
                  "on a trusted network)")
+
+
+def check_unread_mooncake_config(env: Mapping[str, str], names: tuple[str, ...], v: Version,
+                                 path: str, out: Collector) -> None:
+    """MOONCAKE_CONFIG_PATH set for a server none of whose connectors reads a mooncake.json in
+    `v` (the V1 P2P MooncakeConnector takes its settings from kv_connector_extra_config; before
+    0.21 no V1 store connector exists): the file the user wrote is silently not read."""
+    from kvctl.validate.mooncake_file import reader_of
+
+    value = env.get("MOONCAKE_CONFIG_PATH")
+    if not value or not names or "$" in value or any(n.startswith("LMCache") for n in names):
+        return  # LMCache's Mooncake backend reads MOONCAKE_CONFIG_PATH itself
+    if reader_of(v, names).kind != "none":
+        return
+    out.drop(path, f"MOONCAKE_CONFIG_PATH={value} is set for this server, but no connector it runs "
+             f"({', '.join(names)}) reads a mooncake.json in vLLM {v}: the file's settings "
+             "(protocol, metadata_server, ...) are not used",
+             "remove MOONCAKE_CONFIG_PATH and the file (set what the connector reads in "
+             "kv_connector_extra_config), or use a connector that reads it (MooncakeStoreConnector "
+             "from vLLM 0.21.0)")

@@ -13,7 +13,9 @@ from packaging.version import Version
 
 from kvctl.facts.cache_prefix import cache_prefix_problem
 from kvctl.facts.capabilities import table
+from kvctl.facts.kv_transfer import connector_names
 from kvctl.facts.versions import parse_version
+from kvctl.validate.env import check_unread_mooncake_config
 from kvctl.validate.field_types import type_error
 from kvctl.validate.model import (
     WARNING,
@@ -69,6 +71,8 @@ def _check_config(cfg: Any, v: Version, where: str, out: Collector, child: bool,
     _check_extra_config(cfg, v, where, out)
     check_offloading(cfg, v, where, out)
     check_reset_trap(cfg, v, where, out, env)
+    if not child and not loads_external_code(cfg, v):  # kvctl cannot see what outside code reads
+        check_unread_mooncake_config(env, tuple(connector_names(cfg)), v, join(where, "kv_connector"), out)
 
 
 def version_notes(v: Version, path: str) -> list[Problem]:
@@ -193,6 +197,19 @@ def _check_connector(cfg: Mapping[str, Any], v: Version, where: str, out: Collec
                  "give the class a name vLLM does not register, or use vLLM >= "
                  f"{table().first_module_path_release()} (the module path wins there)")
     _check_connector_name(name, v, path, out, env)
+
+
+def loads_external_code(cfg: Mapping[str, Any], v: Version) -> bool:
+    """Does vLLM `v` import a connector of this config (or a child) from its
+    kv_connector_module_path, i.e. code outside vLLM's sources?"""
+    extra = cfg.get("kv_connector_extra_config")
+    children = extra.get("connectors") if isinstance(extra, Mapping) else None
+    if any(isinstance(c, Mapping) and loads_external_code(c, v) for c in children or ()):
+        return True
+    name, module_path = cfg.get("kv_connector"), cfg.get("kv_connector_module_path")
+    if not isinstance(module_path, str) or not module_path or not isinstance(name, str):
+        return False
+    return table().connector_lookup(v) == "module_path" or table().registered(v, name) is None
 
 
 def _check_connector_name(name: str, v: Version, path: str, out: Collector,

@@ -799,3 +799,17 @@ def test_hydra_overrides_of_a_base_config_may_leave_kv_role_to_it(tmp_path: Path
 def test_a_placeholder_role_is_not_judged() -> None:
     cfg = {"kv_connector": "NixlConnector", "kv_role": "$KV_ROLE"}
     assert not [p for p in validate_kv_transfer_config(cfg, "0.32.0") if "kv_role" in p.where]
+
+
+def test_a_mooncake_config_path_no_connector_reads_is_dropped() -> None:
+    """The V1 P2P MooncakeConnector reads no mooncake.json: MOONCAKE_CONFIG_PATH set for it does
+    nothing. MooncakeStoreConnector and LMCache read it; code from a module path is not judged."""
+    env = {"MOONCAKE_CONFIG_PATH": "/etc/mooncake.json"}
+    p2p = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"}
+    [unread] = [p for p in validate_kv_transfer_config(p2p, "0.32.0", env=env) if p.dropped]
+    assert "MOONCAKE_CONFIG_PATH=/etc/mooncake.json" in unread.message and "MooncakeStoreConnector" in unread.fix
+    assert not [p for p in validate_kv_transfer_config(STORE, "0.32.0", env=env) if p.dropped]
+    lmcache = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    assert not [p for p in validate_kv_transfer_config(lmcache, "0.32.0", env=env) if p.dropped]
+    external = {**p2p, "kv_connector": "MyConnector", "kv_connector_module_path": "my.connector"}
+    assert not [p for p in validate_kv_transfer_config(external, "0.32.0", env=env) if p.dropped]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvctl.errors import UsageError
 from kvctl.validate.readers.documents import parse_documents, read_text
+from kvctl.validate.readers.helm_values import read_helm_values
 from kvctl.validate.readers.shell import read_launch_text
 from kvctl.validate.readers.structured import Found, read_document, read_document_text
 
@@ -57,7 +58,7 @@ def read(path: Path) -> Found:
     found = Found("")
     formats = []
     for data, node in documents:
-        part = read_document(data, node, str(path))
+        part = read_helm_values(data, node, str(path)) or read_document(data, node, str(path))
         formats.append(part.format)
         found.artifacts += part.artifacts
         found.problems += part.problems

@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from kvctl.errors import UsageError
 from kvctl.validate.model import Artifact, Collector, SourceLines, did_you_mean, join
 from kvctl.validate.readers.documents import node_lines
 from kvctl.validate.readers.shell import Command, Token, configs_in_command, is_config_flag
@@ -92,6 +93,12 @@ def read_helm_values(data: Any, node: yaml.Node | None, file: str) -> Found | No
             if isinstance(model, Mapping):
                 found.artifacts += chart.model(index, model)
     found.problems += out.problems
+    if not found.artifacts and not found.problems:
+        raise UsageError(f"{file}: a production-stack values file, but no modelSpec sets "
+                         "lmcacheConfig.enabled: true or --kv-transfer-config in vllmConfig.extraArgs: "
+                         "the chart renders vLLM without KV transfer, so there is nothing to check",
+                         "add lmcacheConfig: {enabled: true} to a modelSpec (the chart then renders "
+                         "LMCacheConnectorV1), or validate the launch line you run instead")
     return found
 
 
@@ -273,7 +280,7 @@ class _Chart:
         known = _RAY_KEYS if ray else _DEPLOYMENT_KEYS
         template = "ray-cluster.yaml" if ray else "deployment-vllm-multi.yaml"
         for key in lmcache:
-            if key in known:
+            if key in known or (ray and key == "kvRole"):  # kvRole on Ray: said below
                 continue
             hint = "the chart never sets LMCACHE_REMOTE_URL from it: set cacheserverSpec.enabled: true " \
                    "(the chart's cache server) or put LMCACHE_REMOTE_URL in modelSpec.env" \

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.capabilities import config_facts, connector_facts, offload_facts, route_facts
+from tools.capabilities import config_facts, connector_facts, offload_args_facts, offload_facts, route_facts
 from tools.capabilities.merge import facts_at, strip_locations
 from tools.capabilities.source import SourceTree
 
@@ -29,4 +29,5 @@ def snapshot(source_root: Path) -> dict:
         "engine": route_facts.extract_engine(tree),
         "offload_specs": offload_specs,
         "offload_connectors": offload_connectors,
+        "offload_args": offload_args_facts.extract(tree),
     }

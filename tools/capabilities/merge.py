@@ -15,7 +15,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-SECTIONS = ("fields", "config", "connectors", "routes", "engine", "offload_specs", "offload_connectors")
+SECTIONS = ("fields", "config", "connectors", "routes", "engine", "offload_specs", "offload_connectors",
+            "offload_args")
 NESTED = "params"
 LOCATION = ("file", "line")
 LEAF_ATTRS = {"spans", "types", "values", "v0", "v1", "reset_cache"}

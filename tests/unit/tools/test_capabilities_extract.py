@@ -34,7 +34,7 @@ def test_intervals_merge_equal_neighbours_and_reopen_after_a_gap() -> None:
 
 def _snap(**routes_params: dict) -> dict:
     return {"fields": {}, "config": {}, "connectors": {}, "engine": {}, "routes": routes_params,
-            "offload_specs": {}, "offload_connectors": {}}
+            "offload_specs": {}, "offload_connectors": {}, "offload_args": {}}
 
 
 def test_build_and_facts_at_round_trip() -> None:

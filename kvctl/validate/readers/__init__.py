@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvctl.errors import UsageError
+from kvctl.validate.model import Artifact, Problem
 from kvctl.validate.readers.documents import parse_documents, read_text
 from kvctl.validate.readers.helm_values import read_helm_values
 from kvctl.validate.readers.shell import read_launch_text
 from kvctl.validate.readers.structured import Found, read_document, read_document_text
+from kvctl.validate.readers.templates import is_templated, read_template
 
 _LAUNCH_SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".args")
 _TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2", ".tmpl", ".tpl")  # run.sh.j2 is a script
@@ -38,6 +40,13 @@ def read(path: Path) -> Found:
         raise UsageError(f"{path}: no such file or folder", "check the path")
     text = read_text(path)
     suffix = _suffix(path)
+    if suffix != path.suffix.lower() and is_templated(text):  # launch.sh.j2: every branch read
+        return _template(text, path, suffix)
+    return _read_text(text, path, suffix)
+
+
+def _read_text(text: str, path: Path, suffix: str) -> Found:
+    """The configs in `text`, read as a file whose format `suffix` names."""
     if suffix == ".py":
         from kvctl.validate.readers.python_source import read_python
 
@@ -64,6 +73,14 @@ def read(path: Path) -> Found:
         found.problems += part.problems
     found.format = "k8s" if "k8s" in formats else formats[0]
     return found
+
+
+def _template(text: str, path: Path, suffix: str) -> Found:
+    def one(rendered: str) -> tuple[list[Artifact], list[Problem], str]:
+        part = _read_text(rendered, path, suffix)
+        return part.artifacts, part.problems, part.format
+
+    return Found(*read_template(text, one))
 
 
 def _launch(text: str, path: Path) -> Found:

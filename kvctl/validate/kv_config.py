@@ -16,6 +16,7 @@ from kvctl.facts.capabilities import table
 from kvctl.facts.kv_transfer import connector_names
 from kvctl.facts.versions import parse_version
 from kvctl.validate.env import check_unread_mooncake_config
+from kvctl.validate.external import check_external, loads_external_code
 from kvctl.validate.field_types import type_error
 from kvctl.validate.model import (
     WARNING,
@@ -190,26 +191,14 @@ def _check_connector(cfg: Mapping[str, Any], v: Version, where: str, out: Collec
                       "ValueError", "remove it, or name the module that defines the connector")
             return
         if table().connector_lookup(v) == "module_path" or table().registered(v, name) is None:
-            return  # vLLM imports the class from that module: kvctl cannot see its code
+            check_external(name, module_path, v, mp_path, out)  # vLLM imports the class from there
+            return
         out.drop(mp_path, f"kv_connector_module_path {module_path!r} is ignored: vLLM {v} looks "
                  f"the name up in its own registry first, and it registers {name}, so vLLM's "
                  f"{name} runs, not the one in {module_path}",
                  "give the class a name vLLM does not register, or use vLLM >= "
                  f"{table().first_module_path_release()} (the module path wins there)")
     _check_connector_name(name, v, path, out, env)
-
-
-def loads_external_code(cfg: Mapping[str, Any], v: Version) -> bool:
-    """Does vLLM `v` import a connector of this config (or a child) from its
-    kv_connector_module_path, i.e. code outside vLLM's sources?"""
-    extra = cfg.get("kv_connector_extra_config")
-    children = extra.get("connectors") if isinstance(extra, Mapping) else None
-    if any(isinstance(c, Mapping) and loads_external_code(c, v) for c in children or ()):
-        return True
-    name, module_path = cfg.get("kv_connector"), cfg.get("kv_connector_module_path")
-    if not isinstance(module_path, str) or not module_path or not isinstance(name, str):
-        return False
-    return table().connector_lookup(v) == "module_path" or table().registered(v, name) is None
 
 
 def _check_connector_name(name: str, v: Version, path: str, out: Collector,

@@ -6,8 +6,11 @@ no build, no import, no network beyond the local git mirror).
     python -m tools.capabilities.mooncake_facts --git-dir DIR    another (bare) clone of Mooncake
 
 Per release: the gflags `mooncake_master` defines (mooncake-store/src/master.cpp, the executable's
-only source file) and the HTTP routes of its admin/metrics server (every `set_http_handler<...>`
-in mooncake-store/{src,include} except the servers that are not the master's metrics port).
+only source file), the HTTP routes of its admin/metrics server (every `set_http_handler<...>`
+in mooncake-store/{src,include} except the servers that are not the master's metrics port), and
+the vLLM V1 connectors the wheel ships (users name them with kv_connector_module_path, e.g.
+`mooncake.mooncake_connector_v1`): whether each constructor takes kv_cache_config (vLLM refuses
+external 2-argument connectors from 0.21.0) and whether the module reads MOONCAKE_CONFIG_PATH.
 Merged into release intervals with tools.capabilities.merge.intervals, as vllm_facts.json is.
 """
 
@@ -33,7 +36,8 @@ OUTPUT = REPO / "kvctl/data/mooncake_facts.json"
 DEFAULT_GIT_DIR = Path(os.environ.get("MOONCAKE_GIT_DIR", "/work/.mirror/kvcache-ai+Mooncake/repo"))
 HEADER = {"schema": 1, "generated_by": "tools/capabilities (make capabilities-mooncake)",
           "source": "github.com/kvcache-ai/Mooncake tags"}
-SECTIONS = ("flags", "routes")
+SECTIONS = ("flags", "routes", "vllm_connectors")
+WHEEL_PACKAGE = "mooncake-wheel/mooncake"
 
 MASTER_SOURCE = "mooncake-store/src/master.cpp"
 ROUTE_DIRS = ("mooncake-store/src", "mooncake-store/include")
@@ -319,7 +323,35 @@ def snapshot(git_dir: Path, tag: str) -> dict:
     for path in tree.files_containing(r"set_http_handler\s*<", ROUTE_DIRS):
         if path not in NOT_ADMIN_SERVERS:
             routes.update(parse_routes(tree.read(path), path))
-    return {"flags": flags, "routes": routes}
+    connectors: dict[str, dict] = {}
+    for path in tree.files_containing(r"KVConnectorBase_V1", (WHEEL_PACKAGE,)):
+        if path.endswith(".py"):
+            connectors.update(parse_wheel_connectors(tree.read(path), path))
+    return {"flags": flags, "routes": routes, "vllm_connectors": connectors}
+
+
+def parse_wheel_connectors(text: str, path: str) -> dict[str, dict]:
+    """"module:Class" -> {takes_kv_cache_config, reads_mooncake_config_path, file, line} for each
+    class of a wheel module whose constructor takes vllm_config (a vLLM V1 connector)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return {}
+    module = path.removeprefix("mooncake-wheel/").removesuffix(".py").replace("/", ".")
+    reads_env = "MOONCAKE_CONFIG_PATH" in {n.value for n in ast.walk(tree)
+                                            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    found = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        params = [a.arg for a in init.args.args + init.args.kwonlyargs] if init else []
+        if "vllm_config" not in params:
+            continue
+        found[f"{module}:{node.name}"] = {"takes_kv_cache_config": "kv_cache_config" in params,
+                                          "reads_mooncake_config_path": reads_env,
+                                          "file": path, "line": init.lineno}
+    return found
 
 
 # --------------------------------------------------------------------------------------------

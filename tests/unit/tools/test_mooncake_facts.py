@@ -116,9 +116,9 @@ def test_parse_routes_methods_params_and_lines() -> None:
 
 
 def test_intervals_and_facts_at_round_trip() -> None:
-    snaps = {"1.0": {"flags": {"a": {"type": "int32", "default": 1, "file": "m", "line": 1}}, "routes": {}},
-             "1.1": {"flags": {"a": {"type": "int32", "default": 1, "file": "m", "line": 9}}, "routes": {}},
-             "2.0": {"flags": {"a": {"type": "int32", "default": 2, "file": "m", "line": 9}}, "routes": {}}}
+    snaps = {"1.0": {"flags": {"a": {"type": "int32", "default": 1, "file": "m", "line": 1}}, "routes": {}, "vllm_connectors": {}},
+             "1.1": {"flags": {"a": {"type": "int32", "default": 1, "file": "m", "line": 9}}, "routes": {}, "vllm_connectors": {}},
+             "2.0": {"flags": {"a": {"type": "int32", "default": 2, "file": "m", "line": 9}}, "routes": {}, "vllm_connectors": {}}}
     doc = mf.build(["1.0", "1.1", "2.0"], snaps)
     assert [(s["since"], s["until"], s["default"]) for s in doc["flags"]["a"]["spans"]] == \
         [("1.0", "2.0", 1), ("2.0", None, 2)]  # a moved line is not a new interval
@@ -234,3 +234,21 @@ def test_flags_kvctl_passes_exist_for_the_installed_version(facts: dict, install
                           f"flags kvctl passes that no tagged release has: {sorted(unknown)}", stacklevel=1)
         return
     assert not unknown, f"kvctl passes flags that mooncake {version} does not define"
+
+
+def test_wheel_connectors_are_read_from_the_module_ast() -> None:
+    text = ("import os\nclass MooncakeConnector(KVConnectorBase_V1):\n"
+            "    def __init__(self, vllm_config, role, kv_cache_config=None):\n        pass\n"
+            "class Helper:\n    def __init__(self, x):\n        pass\n"
+            "PATH = os.getenv('MOONCAKE_CONFIG_PATH')\n")
+    found = mf.parse_wheel_connectors(text, "mooncake-wheel/mooncake/my_connector.py")
+    assert found == {"mooncake.my_connector:MooncakeConnector": {
+        "takes_kv_cache_config": True, "reads_mooncake_config_path": True,
+        "file": "mooncake-wheel/mooncake/my_connector.py", "line": 3}}
+
+
+def test_the_wheels_v1_connector_takes_two_arguments_in_every_release(facts: dict) -> None:
+    """Why vLLM >= 0.21 refuses `kv_connector_module_path: mooncake.mooncake_connector_v1`."""
+    spans = facts["vllm_connectors"]["mooncake.mooncake_connector_v1:MooncakeConnector"]["spans"]
+    assert spans[-1]["until"] is None and not any(s["takes_kv_cache_config"] for s in spans)
+    assert not any(s["reads_mooncake_config_path"] for s in spans)  # it hard-codes P2PHANDSHAKE / rdma

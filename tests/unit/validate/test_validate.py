@@ -230,16 +230,24 @@ def test_registry_first_releases_ignore_the_module_path_of_a_registered_name() -
                    "kv_transfer_config.kv_connector_module_path")
     assert problem.dropped and problem.severity == ERROR and "is ignored" in problem.message
     assert ">= 0.20.0" in problem.fix
-    assert validate_kv_transfer_config(cfg, "0.32.0") == []
+    # from 0.21 the module wins, and Mooncake's wheel connector (2-argument constructor in every
+    # Mooncake release: kvctl/data/mooncake_facts.json) is refused
+    refused = only(validate_kv_transfer_config(cfg, "0.32.0"), "kv_transfer_config.kv_connector_module_path")
+    assert refused.severity == ERROR and not refused.dropped and "2-argument constructor" in refused.message
+    assert "drop kv_connector_module_path" in refused.fix
     empty = only(validate_kv_transfer_config({**cfg, "kv_connector_module_path": ""}, "0.32.0"),
                  "kv_transfer_config.kv_connector_module_path")
     assert empty.severity == ERROR and "empty string" in empty.message
 
 
 def test_module_path_wins_over_the_registry() -> None:
-    assert ktc("0.23.0", kv_connector="MyConnector", kv_connector_module_path="my.mod") == []
+    """Code kvctl cannot see is said to be unchecked (a warning naming the package to install)."""
+    [unchecked] = ktc("0.23.0", kv_connector="MyConnector", kv_connector_module_path="my.mod")
+    assert unchecked.severity == WARNING and "kvctl cannot check MyConnector from my.mod" in unchecked.message
+    assert "'my' is installed" in unchecked.fix
     # A module path also makes a connector the registry of this release lacks loadable.
-    assert ktc("0.13.0", kv_connector_module_path="my.mooncake_store") == []
+    [unchecked] = ktc("0.13.0", kv_connector_module_path="my.mooncake_store")
+    assert unchecked.severity == WARNING and unchecked.where.endswith("kv_connector_module_path")
 
 
 # -- values ------------------------------------------------------------------------------

@@ -99,3 +99,15 @@ def offload_args_since() -> str | None:
     """The first release whose CacheConfig has kv_offloading_size."""
     rows = _section().get(SIZE, {}).get("spans", [])
     return min((r["since"] for r in rows), key=Version, default=None)
+
+
+def backend_changes_after(version: str | Version, backend: str) -> str | None:
+    """The first release after `version` whose _post_init_kv_transfer_config writes something else
+    for `backend` (0.14.0 for native after 0.13: cpu_bytes_to_use instead of num_cpu_blocks 0)."""
+    v = parse_version(version)
+    rows = _section().get("post_init", {}).get("params", {}).get(backend, {}).get("values", [])
+    now = _interval_at(rows, v)
+    changed = [r["since"] for r in rows if Version(r["since"]) > v and now is not None
+               and (r.get("connector"), r.get("extra")) != (now.get("connector"), now.get("extra"))]
+    return min(changed, key=Version, default=None)
+

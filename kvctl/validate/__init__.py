@@ -25,6 +25,7 @@ from kvctl.validate.kv_config import validate_kv_transfer_config, version_notes
 from kvctl.validate.lmcache import validate_lmcache_config
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines, ValidationReport, locate
 from kvctl.validate.mooncake_file import validate_mooncake_config
+from kvctl.validate.offloading_args import check_offloading_args
 from kvctl.validate.python_api import check_python_api
 from kvctl.validate.readers import not_found, read
 from kvctl.validate.readers.documents import node_lines, parse_document
@@ -75,6 +76,8 @@ def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Probl
                                         readers=names)
     if artifact.kind == "env":
         return validate_env(artifact.data, artifact.where, names, artifact.lines)
+    if artifact.kind == "kv_offloading":
+        return check_offloading_args(artifact, v)
     return validate_lmcache_config(artifact.data, v, artifact.where, artifact.lines)
 
 

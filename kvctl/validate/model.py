@@ -16,7 +16,7 @@ from typing import Any, Literal
 ERROR = "error"
 WARNING = "warning"
 
-ArtifactKind = Literal["kv_transfer_config", "mooncake", "env", "lmcache"]
+ArtifactKind = Literal["kv_transfer_config", "mooncake", "env", "lmcache", "kv_offloading"]
 _LAST_STEP = re.compile(r"(\.?[^.\[\]]+|\[\d+\])$")  # last ".key", "key" or "[i]"
 
 

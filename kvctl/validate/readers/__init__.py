@@ -89,7 +89,7 @@ def _launch(text: str, path: Path) -> Found:
 
 
 def _looks_like_launch(text: str) -> bool:
-    return "kv-transfer-config" in text or "kv_transfer_config" in text
+    return "kv-transfer-config" in text or "kv_transfer_config" in text or "--kv-offloading-" in text
 
 
 _WHAT = ("give a kv_transfer_config (JSON/YAML), a mooncake.json, a verl config or Hydra override "
@@ -102,4 +102,5 @@ def not_found(path: Path) -> UsageError:
     return UsageError(f"{path}: no kv_transfer_config, mooncake.json or LMCache config found in it; "
                       "looked for a kv_connector/kv_role mapping, a kv_transfer_config key (any "
                       "depth, dashed or not), --kv-transfer-config in launch lines and container "
-                      "args, Hydra overrides, and JSON objects with master_server_address", _WHAT)
+                      "args, --kv-offloading-size / kv_offloading_size, Hydra overrides, and JSON "
+                      "objects with master_server_address", _WHAT)

@@ -19,6 +19,7 @@ from kvctl.errors import UsageError
 from kvctl.validate.model import Artifact, SourceLines, join
 from kvctl.validate.readers.documents import loads
 from kvctl.validate.readers.merge import merge_held
+from kvctl.validate.readers.offload_args import key_of, located
 
 _ROOT = "kv_transfer_config"
 # Recorded in Artifact.calls, with the call's line under this name in Artifact.lines.
@@ -70,7 +71,24 @@ class _Module:
                 origin = f"Python (line {node.lineno})" + (f", its value from {via}" if via else "")
                 found.append(Artifact("kv_transfer_config", data, _ROOT, lines, origin=origin,
                                       env=self.env, calls=calls))
+            found += self._offloading(node, built)
         return merge_held(found, self._held())
+
+    def _offloading(self, node: ast.AST, built: Built | None) -> list[Artifact]:
+        """LLM(kv_offloading_size=8, ...) / {"kv_offloading_size": 8} (engine_kwargs), linked to the
+        kv_transfer_config the same call or dict sets (`built`)."""
+        if isinstance(node, ast.Call):
+            pairs = [(k.arg, k.value) for k in node.keywords]
+        elif isinstance(node, ast.Dict):
+            pairs = [(k.value, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)]
+        else:
+            return []
+        settings = {key: (_value(self.resolve(value)[0]), value.lineno) for name, value in pairs
+                    if (key := key_of(name)) is not None}
+        if not settings:
+            return []
+        config = Artifact("kv_transfer_config", built[0], _ROOT, built[1]) if built else None
+        return [located(settings, self.file, "", f"Python (line {getattr(node, 'lineno', 1)})", config, self.env)]
 
     # -- following names ---------------------------------------------------------------
     def resolve(self, node: ast.expr, hops: int = 0) -> tuple[ast.expr, str]:

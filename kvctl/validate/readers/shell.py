@@ -22,6 +22,7 @@ from kvctl.errors import UsageError
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import loads, text_lines
 from kvctl.validate.readers.merge import merge_held
+from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_words, located
 from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
 
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
@@ -36,7 +37,7 @@ _WHOLE_VARIABLE = re.compile(r"^\$(?:\{(?P<braced>\w+)\}|(?P<plain>[A-Za-z_]\w*)
 _MOONCAKE_KEYS = ("master_server_address", "metadata_server")  # a mooncake.json has one
 _JSON_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 _HEREDOC = re.compile(r"<<(?P<dash>-?)\s*(?P<quote>['\"]?)(?P<word>\w+)(?P=quote)")
-_MARKERS = ("--kv-transfer-config", "--kv_transfer_config")
+_MARKERS = ("--kv-transfer-config", "--kv_transfer_config") + OFFLOAD_MARKERS
 _MAX_DEPTH = 3  # strings holding launch lines holding strings ...
 # Launch scripts are kilobytes; word splitting in Python reads ~1 MB a second.
 MAX_SCRIPT_BYTES = 1024 * 1024
@@ -236,7 +237,7 @@ class _Reader:
         for token in tokens:
             body = _ASSIGN.match(token.text)
             inner = body["value"] if body else token.text
-            if _FLAG.match(token.text) or not any(m in inner for m in _MARKERS):
+            if _FLAG.match(token.text) or OFFLOAD_FLAG.match(token.text) or not any(m in inner for m in _MARKERS):
                 continue
             before = len(self.artifacts)
             if depth < _MAX_DEPTH:
@@ -340,16 +341,20 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
             pending.hydra_path = hydra["path"]
             pending.adds = pending.adds or token.text.startswith("+")
             _take(pending, hydra["dotted"], hydra["value"], token.line, file, problems, False, expand)
-    if pending.lines is None:
-        return []
-    root = "kv_transfer_config"
+    found = [] if pending.lines is None else [_artifact(pending, command)]
+    offload = in_words([(t.text, t.line) for t in tokens], file, problems, expand)  # --kv-offloading-size
+    return found + ([located(offload, file, "", f"{command.program} (line {min(v[1] for v in offload.values())})",
+                             found[0] if found else None, command.env)] if offload else [])
+
+
+def _artifact(pending: _Pending, command: Command) -> Artifact:
     via = f", its value from {pending.via}" if pending.via else ""
     # Hydra overrides without '+' change keys a framework's base config already has: the keys
     # they do not name (kv_role, ...) may come from that config or the framework's code.
     partial = bool(pending.hydra_path) and not pending.whole and not pending.adds
-    return [Artifact("kv_transfer_config", pending.data, root, pending.lines,
-                     origin=f"{'Hydra override' if pending.hydra_path else command.program} "
-                            f"(line {pending.line}){via}", env=command.env, partial=partial)]
+    return Artifact("kv_transfer_config", pending.data, "kv_transfer_config", pending.lines,
+                    origin=f"{'Hydra override' if pending.hydra_path else command.program} "
+                           f"(line {pending.line}){via}", env=command.env, partial=partial)
 
 
 def _from_variable(pending: _Pending, raw: str, line: int, line_of: Callable[[str], int | None]) -> int:

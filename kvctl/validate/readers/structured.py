@@ -21,6 +21,7 @@ from kvctl.facts.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe, join
 from kvctl.validate.readers.documents import loads, node_lines, parse_documents, text_lines
 from kvctl.validate.readers.merge import merge_held
+from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_mapping, located
 from kvctl.validate.readers.shell import (
     Command,
     Token,
@@ -33,7 +34,7 @@ from kvctl.validate.readers.shell import (
 _KTC_KEYS = ("kv_transfer_config", "kv-transfer-config")
 _MOONCAKE_MARKERS = ("master_server_address", "metadata_server")
 _LAUNCH_MARKERS = ("--kv-transfer-config", "--kv_transfer_config", "kv_transfer_config=",
-                   "kv_transfer_config.")
+                   "kv_transfer_config.") + OFFLOAD_MARKERS
 _CONTAINER_LISTS = {"containers": "container", "initContainers": "init container"}
 _K8S_VARIABLE = re.compile(r"\$\((\w+)\)")  # Kubernetes expands $(NAME) in command/args from env
 # Keys only an LMCache config has (LMCache's LMCacheEngineConfig).
@@ -145,8 +146,9 @@ def _visit(path: str, value: Any, node: yaml.Node | None, lines: SourceLines, fo
         children = _mapping_children(node)
         for child_key, child in value.items():
             _visit(join(path, child_key), child, children.get(str(child_key)), lines, found, container)
+        _offloading(path, value, lines, found, container)
     elif isinstance(value, list):
-        if any(isinstance(v, str) and v.startswith(_LAUNCH_MARKERS[:2]) for v in value):
+        if any(isinstance(v, str) and (v.startswith(_LAUNCH_MARKERS[:2]) or OFFLOAD_FLAG.match(v)) for v in value):
             _argv(path, value, node, lines, found, container)  # a container's args: already split words
             return
         items = node.value if isinstance(node, yaml.SequenceNode) else []
@@ -254,11 +256,28 @@ def _argv(path: str, items: list[Any], node: yaml.Node | None, lines: SourceLine
                     (item_nodes[i].start_mark.line + 1 if i < len(item_nodes) else lines.get(path, 1)))
               for i, item in enumerate(items) if isinstance(item, (str, int))]
     artifacts = configs_in_command(Command(tokens, dict(container.env)), lines.file, found.problems)
-    flag = next((i for i, item in enumerate(items) if isinstance(item, str) and is_config_flag(item)), 0)
     for artifact in artifacts:
-        found.artifacts.append(replace(artifact, origin=f"--kv-transfer-config at "
+        offload = artifact.kind == "kv_offloading"
+        flag = next((i for i, item in enumerate(items) if isinstance(item, str)
+                     and (OFFLOAD_FLAG.match(item) if offload else is_config_flag(item))), 0)
+        named = OFFLOAD_FLAG.match(str(items[flag])) if offload else None
+        label = f"--kv-offloading-{named['what']}" if named else "--kv-transfer-config"
+        found.artifacts.append(replace(artifact, origin=f"{label} at "
                                                         f"{container.item(f'{path}[{flag}]')} "
                                                         f"(line {artifact.lines.get(artifact.where)})"))
+
+
+def _offloading(path: str, value: dict[Any, Any], lines: SourceLines, found: Found, container: _Container) -> None:
+    """kv_offloading_size / kv_offloading_backend keys of this mapping (engine_kwargs, a vLLM
+    --config YAML), linked to the kv_transfer_config the same mapping holds."""
+    settings = in_mapping(value, path, lines)
+    if not settings:
+        return
+    siblings = {join(path, key) for key in _KTC_KEYS}
+    config = next((a for a in found.artifacts if a.kind == "kv_transfer_config" and a.where in siblings), None)
+    first = min(line for _, line in settings.values())
+    found.artifacts.append(located(settings, lines.file, path, f"{container.item(path) or 'top level'} "
+                                   f"(line {first})", config, container.env))
 
 
 def _add(found: Found, artifacts: list[Artifact], where: str) -> None:

@@ -19,6 +19,7 @@ from kvctl.facts.cache_prefix import SEPARATOR, cache_prefix_problem, cache_pref
 from kvctl.facts.capabilities import table
 from kvctl.facts.compat import cache_prefix_of, layout_of
 from kvctl.reset.leader import MasterChoice, MasterNode
+from kvctl.reset.scope import plan_scope
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
 from kvctl.transport.vllm_client import PAUSE_TIMEOUT, ServerError, VllmClient, pause_params
@@ -320,7 +321,7 @@ def _plan_master(plan: Plan) -> None:
         plan.hint = "check the URLs and that the servers are up (and run with VLLM_SERVER_DEV_MODE=1)"
         return
     if plan.options.connector:
-        _plan_scope(plan, planned)
+        plan_scope(plan, planned)
         if plan.error is None:
             _plan_master_clear(plan, planned)
     if plan.error is None and plan.options.verify and plan.master is None \
@@ -328,30 +329,6 @@ def _plan_master(plan: Plan) -> None:
         plan.error = "--verify needs the Mooncake master to count its keys, and no master is known"
         plan.hint = ("pass --master HOST:PORT (the master's admin/metrics port; master= in Python) or put master: "
                      "in the inventory")
-
-
-def _plan_scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
-    """This deployment's cache_prefix: the inventory's (or run's), checked against what the
-    servers run; or the servers' own when all agree. A wrong prefix would clear the wrong keys."""
-    stores = [r for r in planned if r.has_store and r.layout_source == "server_info"]
-    served = {r.cache_prefix for r in stores}
-    if plan.cache_prefix:
-        wrong = [f"{r.name} ({r.cache_prefix or 'none'})" for r in stores if r.cache_prefix != plan.cache_prefix]
-        if wrong:
-            plan.error = (f"the fleet's cache_prefix is '{plan.cache_prefix}', but the servers run with "
-                          f"another: {', '.join(wrong)} (their /server_info)")
-            plan.hint = "fix cache_prefix in the inventory (or run), or restart the servers with that prefix"
-        return
-    if len(served) > 1 and not plan.options.whole_master:
-        plan.error = ("the replicas run with different cache_prefixes: "
-                      + ", ".join(f"{r.name}={r.cache_prefix or 'none'}" for r in stores)
-                      + "; a clear scoped to one would leave the others' stale KV")
-        plan.hint = ("reset each deployment on its own (one --inventory each), or pass --whole-master "
-                     "(whole_master=True)")
-        return
-    if served and None not in served:
-        plan.cache_prefix = served.pop()
-        plan.notes.append(f"cache_prefix '{plan.cache_prefix}' read from the servers' /server_info")
 
 
 def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:

@@ -128,6 +128,21 @@ def test_silent_noop_on_022_is_covered_by_a_forced_master_clear(doubles: DoubleF
     assert a.counters.store_clears == 0  # vLLM 0.22 cleared nothing itself: kvctl's clear did
 
 
+def test_a_scoped_clear_is_refused_where_vllm_does_not_read_cache_prefix(doubles: DoubleFleet) -> None:
+    """MooncakeStoreConnector reads cache_prefix from 0.24.0: a 0.23 server's keys carry no prefix,
+    so a clear scoped to it would find none of them and report success. Refused before anything is
+    sent; --whole-master (not scoped) still goes."""
+    store = SharedStore()
+    old = VllmDouble("0.23.0", store=store, cache_prefix="team-a")
+    urls = [doubles.add(old)]
+    master = doubles.add_master(MasterDouble(store))
+    receipt = reset(urls, master, connector=True)
+    assert receipt.exit_code != 0 and "does not read cache_prefix (first read in vLLM 0.24.0)" in receipt.summary
+    assert posts(old) == []
+    whole = reset(urls, master, connector=True, whole_master=True)
+    assert whole.exit_code == 0, whole.summary
+
+
 def test_an_inventory_connector_the_server_contradicts_is_an_error(doubles: DoubleFleet, tmp_path) -> None:
     """The inventory says MooncakeStoreConnector (clears from 0.23), the server runs LMCache: kvctl
     checks the inventory against /server_info and refuses to plan a reset for the wrong connector

@@ -3,14 +3,15 @@ servers run and what their vLLM release does with it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from packaging.version import Version
 
 from kvctl.facts.capabilities import table
 
-if TYPE_CHECKING:
-    from kvctl.reset.plan import Plan, ReplicaPlan
+# The plan (kvctl.reset.plan.Plan) and its replicas (ReplicaPlan): not imported, plan.py imports this.
+Plan = Any
+ReplicaPlan = Any
 
 STORE_CONNECTOR = "MooncakeStoreConnector"
 

@@ -54,11 +54,12 @@ def test_a_scoped_fleet_from_urls_can_be_reset_from_python() -> None:
     ktc = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
            "kv_connector_extra_config": {"cache_prefix": "rl"}}
     with DoubleFleet() as fleet:
-        url = fleet.add(VllmDouble("0.22.0", store=store, kv_transfer_config=ktc))
+        url = fleet.add(VllmDouble("0.24.0", store=store, kv_transfer_config=ktc))
         master = fleet.add_master(MasterDouble(store))
         refused = kvctl.hard_reset(urls=[url], master=master)
         assert refused.exit_code == 1 and "master_rpc= in Python" in (refused.plan.hint or "")
         assert len(store) == 2
         whole = kvctl.hard_reset(urls=[url], master=master, whole_master=True, clear_timeout=2.0)
         assert whole.exit_code == 0, whole.summary
-        assert whole.master is not None and whole.master.scope == "whole" and len(store) == 0
+        # vLLM 0.24's own connector reset empties the whole master (remove_all): nothing left for kvctl
+        assert whole.master is not None and len(store) == 0

@@ -90,6 +90,7 @@ V_PROMPT_TOKENS_BY_SOURCE = (0, 32, 0)   # seen on a 0.32 run; first version not
 V_COLLECTIVE_RPC_ROUTE = (0, 10, 2)      # POST /collective_rpc (dev; vllm_facts.json routes)
 V_WEIGHT_VERSION_ROUTES = (0, 27, 0)     # GET /weight_info, POST /update_weight_version (dev; rlhf router)
 V_WEIGHT_CHECKER_ROUTE = (0, 32, 0)      # POST /weight_checker (dev; rl/online/api_router.py)
+V_CACHE_PREFIX_READ = (0, 24, 0)         # MooncakeStoreConnector reads cache_prefix (store/worker.py:994)
 # The parameters the double's checksums cover (vLLM hashes every named parameter of the model).
 WEIGHT_PARAMETERS = ("model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight", "lm_head.weight")
 
@@ -396,8 +397,10 @@ class VllmDouble(WeightsModel, DoubleServer):
         return hashes
 
     def store_key(self, block_hash: str) -> str:
-        # vLLM's MooncakeStoreConnector (store/data.py): f"{cache_prefix}@" before the hash
-        return f"{self.cache_prefix}@{block_hash}" if self.cache_prefix else block_hash
+        # vLLM's MooncakeStoreConnector (store/data.py): f"{cache_prefix}@" before the hash, from
+        # 0.24.0; older releases do not read cache_prefix at all
+        scoped = self.cache_prefix and self.v >= V_CACHE_PREFIX_READ
+        return f"{self.cache_prefix}@{block_hash}" if scoped else block_hash
 
     def prompt_keys(self, prompt: str | list[int]) -> list[str]:
         """The store keys this replica would write for ``prompt`` (for seeding/asserting)."""

@@ -1,8 +1,8 @@
 """Readers: one per input format, each turning a file (or a bundle folder) into located Artifacts.
 
 `read(path)` picks the reader: a folder is a kvctl bundle; `.py` is Python (read with ast);
-`.sh`/`.txt`/... and text that is not a YAML mapping are launch lines; JSON / YAML documents are
-searched for configs.
+`.sh`/`.txt`/... and text that is not a YAML mapping are launch lines; `.toml` is prime-rl's config;
+JSON / YAML documents are searched for configs.
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ def _read_text(text: str, path: Path, suffix: str) -> Found:
         from kvctl.validate.readers.python_source import read_python
 
         return Found("python", read_python(text, str(path)))
+    if suffix == ".toml":  # prime-rl's inference / RL config: read as prime-rl translates it
+        from kvctl.validate.readers.prime_rl import read_prime_rl
+
+        return read_prime_rl(text, str(path))
     if suffix in _LAUNCH_SUFFIXES:
         return _launch(text, path)
     try:
@@ -94,8 +98,8 @@ def _looks_like_launch(text: str) -> bool:
 
 _WHAT = ("give a kv_transfer_config (JSON/YAML), a mooncake.json, a verl config or Hydra override "
          "line, a vllm serve launch line or script, a vLLM --config YAML, a Kubernetes manifest, an "
-         "LMCache config, Python building a KVTransferConfig, or a folder written by kvctl config "
-         "render --out DIR")
+         "LMCache config, Python building a KVTransferConfig, a prime-rl TOML, or a folder written by "
+         "kvctl config render --out DIR")
 
 
 def not_found(path: Path) -> UsageError:

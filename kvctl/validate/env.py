@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 
 from packaging.version import Version
 
-from kvctl.validate.model import Collector, Problem, join
+from kvctl.validate.model import Collector, Problem, closest, join
 
 STORE_CONNECTOR = "MooncakeStoreConnector"
 _HASH_SEED_MAX = 4294967295  # CPython's upper bound for PYTHONHASHSEED
@@ -84,3 +84,49 @@ def check_unread_mooncake_config(env: Mapping[str, str], names: tuple[str, ...],
              "remove MOONCAKE_CONFIG_PATH and the file (set what the connector reads in "
              "kv_connector_extra_config), or use a connector that reads it (MooncakeStoreConnector "
              "from vLLM 0.21.0)")
+
+
+def check_env_names(env: Mapping[str, str], v: Version, out: Collector) -> None:
+    """VLLM_* names in the servers' environment that vLLM `v` does not read: removed, not yet
+    added, or misspelled. vLLM starts without them (from 0.17.0 it logs "Unknown vLLM environment
+    variable detected" for each: envs.validate_environ, envs.py:1704 at 0.17.0). Located at
+    "env.NAME", where the reader records the line that set it."""
+    from kvctl.facts import env_vars
+
+    for name in sorted(env):
+        if not name.startswith("VLLM_") or env_vars.is_plugin_name(name) or env_vars.reads(v, name):
+            continue
+        message, fix = _unread_name(name, str(env[name]), v)
+        out.drop(join("env", name), f"{message}{_validation_note(name, v)}", fix)
+
+
+def _unread_name(name: str, value: str, v: Version) -> tuple[str, str]:
+    """What vLLM `v` does with `name` (it starts without it), and what to write instead."""
+    from kvctl.facts import env_vars
+
+    spans = env_vars.history(name)
+    if not spans:
+        close = closest(name, [n for n in env_vars.names_in(v) if n.startswith("VLLM_")])
+        fix = f"did you mean {close}? set {close}={value} instead" if close else \
+            f"remove {name} (vLLM {v}'s vllm/envs.py defines no such name)"
+        return f"vLLM {v} does not read {name}: no release kvctl knows defines it", fix
+    read = ", ".join(f"{since} to before {until}" if until else f">= {since}" for since, until in spans)
+    since = spans[0][0]
+    if Version(since) > _release(v):
+        return (f"vLLM {v} does not read {name} (read in {read})",
+                f"upgrade vLLM to >= {since}, or remove {name}")
+    return f"vLLM {v} does not read {name} (read in {read}): it was removed", f"remove {name}"
+
+
+def _release(v: Version) -> Version:
+    return Version(".".join(map(str, v.release)))  # 0.32.0+cpu reads what 0.32.0 reads
+
+
+def _validation_note(name: str, v: Version) -> str:
+    from kvctl.facts import env_vars
+
+    check = env_vars.validation(v)
+    if check is None:
+        return f"; vLLM {v} starts without it and says nothing"
+    hard = f"; with {check.flag} it raises ValueError instead" if check.flag else ""
+    return f"; vLLM {v} starts without it, logging '{check.message}: {name}'{hard}"

@@ -15,7 +15,7 @@ from kvctl.facts.cache_prefix import cache_prefix_problem
 from kvctl.facts.capabilities import table
 from kvctl.facts.kv_transfer import connector_names
 from kvctl.facts.versions import parse_version
-from kvctl.validate.env import check_unread_mooncake_config
+from kvctl.validate.env import check_env_names, check_unread_mooncake_config
 from kvctl.validate.external import check_external, loads_external_code
 from kvctl.validate.field_types import type_error
 from kvctl.validate.model import (
@@ -74,6 +74,7 @@ def _check_config(cfg: Any, v: Version, where: str, out: Collector, child: bool,
     check_reset_trap(cfg, v, where, out, env)
     if not child and not loads_external_code(cfg, v):  # kvctl cannot see what outside code reads
         check_unread_mooncake_config(env, tuple(connector_names(cfg)), v, join(where, "kv_connector"), out)
+        check_env_names(env, v, out)
 
 
 def version_notes(v: Version, path: str) -> list[Problem]:

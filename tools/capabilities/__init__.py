@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.capabilities import config_facts, connector_facts, offload_args_facts, offload_facts, route_facts
+from tools.capabilities import config_facts, connector_facts, env_facts, offload_args_facts, offload_facts, route_facts
 from tools.capabilities.merge import facts_at, strip_locations
 from tools.capabilities.source import SourceTree
 
@@ -21,6 +21,7 @@ def snapshot(source_root: Path) -> dict:
     tree = SourceTree(Path(source_root))
     fields, config = config_facts.extract(tree)
     offload_specs, offload_connectors = offload_facts.extract(tree)
+    env_vars, env_validation = env_facts.extract(tree)
     return {
         "fields": fields,
         "config": config,
@@ -30,4 +31,6 @@ def snapshot(source_root: Path) -> dict:
         "offload_specs": offload_specs,
         "offload_connectors": offload_connectors,
         "offload_args": offload_args_facts.extract(tree),
+        "env_vars": env_vars,
+        "env_validation": env_validation,
     }

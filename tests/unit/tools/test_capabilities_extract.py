@@ -13,7 +13,7 @@ import pytest
 
 from tests.lib import REPO
 from tools.capabilities import facts_at, snapshot, strip_locations
-from tools.capabilities.merge import build, intervals
+from tools.capabilities.merge import SECTIONS, build, intervals
 
 COMMITTED = REPO / "kvctl/data/vllm_facts.json"
 
@@ -33,8 +33,7 @@ def test_intervals_merge_equal_neighbours_and_reopen_after_a_gap() -> None:
 
 
 def _snap(**routes_params: dict) -> dict:
-    return {"fields": {}, "config": {}, "connectors": {}, "engine": {}, "routes": routes_params,
-            "offload_specs": {}, "offload_connectors": {}, "offload_args": {}}
+    return {**{section: {} for section in SECTIONS}, "routes": routes_params}
 
 
 def test_build_and_facts_at_round_trip() -> None:

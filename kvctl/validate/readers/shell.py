@@ -23,6 +23,7 @@ from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import loads, text_lines
 from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_words, located
+from kvctl.validate.readers.shell_env import Exports, with_env_lines
 from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
 
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
@@ -185,6 +186,7 @@ class _Reader:
     artifacts: list[Artifact] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     held: list[Artifact] = field(default_factory=list)  # configs in variables (merge_held)
+    exports: Exports = field(default_factory=Exports)  # assignments bash keeps from vLLM (shell_env.py)
 
     def read(self, text: str, base_line: int, shell: _Shell, depth: int) -> None:
         text = self._heredocs(text, base_line)
@@ -193,10 +195,12 @@ class _Reader:
         for tokens in split.commands:
             self._nested(tokens, shell, depth)
             self._variables(tokens, shell)
+            self.exports.seen(tokens, assignments(tokens), shell)
             command = shell.command(tokens)
             if command is not None:
-                self.artifacts += configs_in_command(command, self.file, self.problems, shell.expand,
-                                                     shell.line_of)
+                self.problems += self.exports.launch(tokens, command.env, self.file)
+                self.artifacts += with_env_lines(configs_in_command(command, self.file, self.problems, shell.expand,
+                                                                    shell.line_of), tokens, command.env, shell.lines)
 
     def _skipped(self, skipped: Skipped) -> Problem:
         """A command kvctl could not split: said at its line, the rest of the file still read. An

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tools.capabilities import config_facts, connector_facts, env_facts, offload_args_facts, offload_facts, route_facts
+from tools.capabilities import cli_facts
 from tools.capabilities.merge import facts_at, strip_locations
 from tools.capabilities.source import SourceTree
 
@@ -31,6 +32,7 @@ def snapshot(source_root: Path) -> dict:
         "offload_specs": offload_specs,
         "offload_connectors": offload_connectors,
         "offload_args": offload_args_facts.extract(tree),
+        "serve_flags": cli_facts.extract(tree),
         "env_vars": env_vars,
         "env_validation": env_validation,
     }

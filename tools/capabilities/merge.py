@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.version import Version
 
 SECTIONS = ("fields", "config", "connectors", "routes", "engine", "offload_specs", "offload_connectors",
-            "offload_args", "env_vars", "env_validation")
+            "offload_args", "env_vars", "env_validation", "serve_flags")
 NESTED = "params"
 LOCATION = ("file", "line")
 LEAF_ATTRS = {"spans", "types", "values", "v0", "v1", "reset_cache"}

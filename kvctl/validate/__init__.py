@@ -12,6 +12,7 @@ never imports vllm, torch or mooncake (validate must run on a control node witho
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from kvctl.validate.mooncake_file import validate_mooncake_config
 from kvctl.validate.offloading_args import check_offloading_args
 from kvctl.validate.python_api import check_python_api
 from kvctl.validate.readers import not_found, read
+from kvctl.validate.serve_flags import check_serve_args
 from kvctl.validate.readers.documents import node_lines, parse_document
 from kvctl.validate.readers.env_file import read_env_file
 
@@ -68,6 +70,8 @@ def validate_path(path: Path, version: Version | str, *, allow_dropped: bool = F
 
 
 def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Problem]:
+    if artifact.options:  # the launch line's other options, then the config itself
+        return check_serve_args(artifact, v) + _check(replace(artifact, options=()), v, names)
     if artifact.kind == "kv_transfer_config":
         return validate_kv_transfer_config(artifact.data, v, artifact.where, artifact.lines,
                                            env=artifact.env, partial=artifact.partial)

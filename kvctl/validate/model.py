@@ -68,6 +68,9 @@ class Artifact:
     # Keys set one by one on top of a framework's own config (Hydra overrides without '+'): the
     # fields it does not set may come from that config, so a missing one is not a certain error.
     partial: bool = False
+    # The other `--options` of the vLLM launch line this config came from, (word without =value, line):
+    # kvctl.validate.serve_flags judges them against the release's parser (on one artifact a command).
+    options: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass

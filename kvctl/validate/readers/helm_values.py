@@ -204,7 +204,7 @@ class _Chart:
             return []
         artifacts = configs_in_command(Command(tokens, dict(env)), self.file, self.out.problems)
         flag = next(i for i, t in enumerate(tokens) if is_config_flag(t.text))
-        return [Artifact(a.kind, a.data, a.where, a.lines, env=a.env, partial=a.partial,
+        return [Artifact(a.kind, a.data, a.where, a.lines, env=a.env, partial=a.partial, options=a.options,
                          origin=f"production-stack chart: modelSpec '{name}' vllmConfig.extraArgs[{flag}] "
                                 f"(line {tokens[flag].line})") for a in artifacts]
 

@@ -23,6 +23,7 @@ from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import loads, text_lines
 from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_words, located
+from kvctl.validate.readers.serve_args import launch_options
 from kvctl.validate.readers.shell_env import Exports, with_env_lines
 from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
 
@@ -347,8 +348,11 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
             _take(pending, hydra["dotted"], hydra["value"], token.line, file, problems, False, expand)
     found = [] if pending.lines is None else [_artifact(pending, command)]
     offload = in_words([(t.text, t.line) for t in tokens], file, problems, expand)  # --kv-offloading-size
-    return found + ([located(offload, file, "", f"{command.program} (line {min(v[1] for v in offload.values())})",
-                             found[0] if found else None, command.env)] if offload else [])
+    found += [located(offload, file, "", f"{command.program} (line {min(v[1] for v in offload.values())})",
+                      found[0] if found else None, command.env)] if offload else []
+    # the line's other options, judged per release: only where kvctl already reads it as vLLM's
+    options = launch_options([(t.text, t.line) for t in tokens]) if found else ()
+    return [replace(found[0], options=options), *found[1:]] if options else found
 
 
 def _artifact(pending: _Pending, command: Command) -> Artifact:

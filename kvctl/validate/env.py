@@ -93,10 +93,16 @@ def check_env_names(env: Mapping[str, str], v: Version, out: Collector) -> None:
     "env.NAME", where the reader records the line that set it."""
     from kvctl.facts import env_vars
 
+    set_by = getattr(env, "set_by", {})  # names a tool sets, not the file (kvctl.validate.model.Environment)
     for name in sorted(env):
         if not name.startswith("VLLM_") or env_vars.is_plugin_name(name) or env_vars.reads(v, name):
             continue
         message, fix = _unread_name(name, str(env[name]), v)
+        if name in set_by:
+            out.warn(join("env", name), f"{message}{_validation_note(name, v)}; {set_by[name]} sets it, "
+                     "not this file", f"nothing to change here (harmless unless vLLM runs with "
+                     f"--fail-on-environ-validation); it is {set_by[name]}'s to drop")
+            continue
         out.drop(join("env", name), f"{message}{_validation_note(name, v)}", fix)
 
 

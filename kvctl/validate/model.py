@@ -47,6 +47,16 @@ class SourceLines(dict[str, int]):
         return out
 
 
+class Environment(dict[str, str]):
+    """A server's environment, knowing which names a tool sets rather than the input (a Helm
+    chart's own variables): checks report those as warnings, since the file cannot change them."""
+
+    def __init__(self, values: Mapping[str, str] | None = None,
+                 set_by: Mapping[str, str] | None = None) -> None:
+        super().__init__(values or {})
+        self.set_by = dict(set_by or {})  # name -> who sets it, e.g. "the production-stack chart"
+
+
 @dataclass(frozen=True)
 class Artifact:
     """One config found in an input, with where each of its keys is."""

@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from kvctl.errors import UsageError
-from kvctl.validate.model import Artifact, Collector, SourceLines, did_you_mean, join
+from kvctl.validate.model import Artifact, Collector, Environment, SourceLines, did_you_mean, join
 from kvctl.validate.readers.documents import node_lines
 from kvctl.validate.readers.shell import Command, Token, configs_in_command, is_config_flag
 from kvctl.validate.readers.structured import Found
@@ -202,7 +202,8 @@ class _Chart:
                   for i, item in enumerate(items) if item is not None]
         if not any(is_config_flag(t.text) for t in tokens):
             return []
-        artifacts = configs_in_command(Command(tokens, dict(env)), self.file, self.out.problems)
+        artifacts = configs_in_command(Command(tokens, Environment(env, env.set_by)), self.file,
+                                       self.out.problems)
         flag = next(i for i, t in enumerate(tokens) if is_config_flag(t.text))
         return [Artifact(a.kind, a.data, a.where, a.lines, env=a.env, partial=a.partial, options=a.options,
                          origin=f"production-stack chart: modelSpec '{name}' vllmConfig.extraArgs[{flag}] "
@@ -210,14 +211,15 @@ class _Chart:
 
     # -- the rendered env -------------------------------------------------------------------
     def _env(self, path: str, model: Mapping[str, Any], vllm: Mapping[str, Any],
-             lmcache: Mapping[str, Any], ray: bool) -> dict[str, str]:
+             lmcache: Mapping[str, Any], ray: bool) -> Environment:
         spec = self.values["servingEngineSpec"]
-        env: dict[str, str] = {}
+        env = Environment()
         configs = spec.get("configs")
         if isinstance(configs, Mapping):  # envFrom a ConfigMap: the container's env wins over it
             env.update({str(k): _go_str(v) for k, v in configs.items()})
         if not ray:
             env["PYTHONHASHSEED"] = "123"
+            env.set_by["PYTHONHASHSEED"] = CHART
         if vllm and ray:  # both under `with $modelSpec.vllmConfig`
             env["VLLM_USE_V1"] = _go_str(vllm["v1"]) if "v1" in vllm else "0"
         elif vllm and "v0" in vllm and _go_str(vllm["v0"]) == "1":
@@ -227,8 +229,11 @@ class _Chart:
                 if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
                     value = entry.get("value")
                     env[entry["name"]] = _go_str(value) if "value" in entry else f"$({entry['name']})"
+                    env.set_by.pop(entry["name"], None)  # the values file states it
         if lmcache:
-            env.update(self._lmcache_env(lmcache, ray))
+            own = self._lmcache_env(lmcache, ray)
+            env.update(own)
+            env.set_by.update(dict.fromkeys(own, CHART))
         return env
 
     def _lmcache_env(self, lm: Mapping[str, Any], ray: bool) -> dict[str, str]:

@@ -194,3 +194,15 @@ def test_cache_server_url_keeps_the_release_name_as_a_placeholder(tmp_path: Path
                                                  ("0x10", 16), ("010", 8), (True, 1), ("20GB", 0), (None, 0)])
 def test_sprig_int(value: object, expected: int) -> None:
     assert _go_int(value) == expected
+
+
+def test_env_the_chart_sets_is_not_blamed_on_the_values_file(tmp_path: Path) -> None:
+    """The chart exports VLLM_RPC_TIMEOUT, which vLLM 0.32 no longer reads: a warning naming the chart
+    (the file cannot change it); a removed name stated in modelSpec.env is the file's: dropped."""
+    path = write(tmp_path, model(lmcache="enabled: true\ncpuOffloadingBufferSize: \"20\"",
+                                 extra="    env:\n    - name: VLLM_ENABLE_MOE_DP_CHUNK\n      value: \"0\"\n"))
+    mine = [p for p in validate_path(path, "0.32.0").problems if "VLLM_ENABLE_MOE_DP_CHUNK" in p.where]
+    assert [p.dropped for p in mine] == [True]
+    plain = write(tmp_path, model(lmcache="enabled: true\ncpuOffloadingBufferSize: \"20\""))
+    [chart] = [p for p in validate_path(plain, "0.32.0").problems if "VLLM_RPC_TIMEOUT" in p.where]
+    assert chart.severity == "warning" and not chart.dropped and "production-stack chart" in chart.message

@@ -1,6 +1,7 @@
 """Readers: one per input format, each turning a file (or a bundle folder) into located Artifacts.
 
-`read(path)` picks the reader: a folder is a kvctl bundle; `.py` is Python (read with ast);
+`read(path)` picks the reader: a folder is a kvctl bundle; a Dockerfile / Containerfile is read for
+the command its image runs; `.py` is Python (read with ast);
 `.sh`/`.txt`/... and text that is not a YAML mapping are launch lines; `.toml` is prime-rl's config;
 JSON / YAML documents are searched for configs.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from kvctl.errors import UsageError
 from kvctl.validate.model import Artifact, Problem
+from kvctl.validate.readers.dockerfile import is_dockerfile, read_dockerfile
 from kvctl.validate.readers.documents import parse_documents, read_text
 from kvctl.validate.readers.helm_values import read_helm_values
 from kvctl.validate.readers.shell import read_launch_text
@@ -39,6 +41,8 @@ def read(path: Path) -> Found:
     if not path.exists():
         raise UsageError(f"{path}: no such file or folder", "check the path")
     text = read_text(path)
+    if is_dockerfile(path.name, text):
+        return Found("dockerfile", *read_dockerfile(text, str(path)))
     suffix = _suffix(path)
     if suffix != path.suffix.lower() and is_templated(text):  # launch.sh.j2: every branch read
         return _template(text, path, suffix)
@@ -98,7 +102,7 @@ def _looks_like_launch(text: str) -> bool:
 
 _WHAT = ("give a kv_transfer_config (JSON/YAML), a mooncake.json, a verl config or Hydra override "
          "line, a vllm serve launch line or script, a vLLM --config YAML, a Kubernetes manifest, an "
-         "LMCache config, Python building a KVTransferConfig, a prime-rl TOML, or a folder written by "
+         "LMCache config, Python building a KVTransferConfig, a prime-rl TOML, a Dockerfile, or a folder written by "
          "kvctl config render --out DIR")
 
 

@@ -17,7 +17,7 @@ from kvctl.validate.readers.documents import parse_documents, read_text
 from kvctl.validate.readers.helm_values import read_helm_values
 from kvctl.validate.readers.shell import read_launch_text
 from kvctl.validate.readers.structured import Found, read_document, read_document_text
-from kvctl.validate.readers.templates import is_templated, read_template
+from kvctl.validate.readers.templates import go_template_placeholders, is_templated, read_template
 
 _LAUNCH_SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".args")
 _TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2", ".tmpl", ".tpl")  # run.sh.j2 is a script
@@ -64,6 +64,10 @@ def _read_text(text: str, path: Path, suffix: str) -> Found:
     try:
         documents = parse_documents(path, text)
     except UsageError:
+        if "{{" in text and suffix in (".yaml", ".yml", ".json", ""):  # a Helm chart's template
+            templated = go_template_placeholders(text)
+            if templated != text:
+                return _read_text(templated, path, suffix)
         if _looks_like_launch(text):  # a script YAML cannot parse (e.g. `: ` inside an argument)
             return _launch(text, path)
         raise

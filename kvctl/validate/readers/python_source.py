@@ -37,7 +37,20 @@ def read_python(text: str, file: str) -> list[Artifact]:
     except (RecursionError, MemoryError):
         raise UsageError(f"{file}: not valid Python: nested too deeply to read",
                          "give the part that builds the config") from None
-    return _Module(tree, file).artifacts()
+    return _Module(_DictCalls().visit(tree), file).artifacts()
+
+
+class _DictCalls(ast.NodeTransformer):
+    """`dict(a=1, b=dict(c=2))` read as the literal it builds (Ray's docs write engine_kwargs so):
+    keyword-only calls of `dict` become ast.Dict nodes, each key at its keyword's line."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if not (isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args
+                and node.keywords and all(k.arg is not None for k in node.keywords)):
+            return node
+        keys: list[ast.expr | None] = [ast.copy_location(ast.Constant(k.arg), k) for k in node.keywords]
+        return ast.copy_location(ast.Dict(keys=keys, values=[k.value for k in node.keywords]), node)
 
 
 class _Module:

@@ -1,0 +1,48 @@
+"""Two spellings real configs use that kvctl read wrongly: Python's `dict(k=v)` (Ray Serve's docs
+build engine_kwargs so) and a Helm chart's template YAML, whose `{{ ... }}` actions are not YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvctl.validate import validate_path
+from kvctl.validate.readers import read
+
+
+def test_dict_calls_are_read_as_the_mapping_they_build(tmp_path: Path) -> None:
+    path = tmp_path / "serve.py"
+    path.write_text("from ray.serve.llm import LLMConfig\n"
+                    "cfg = LLMConfig(\n"
+                    "    engine_kwargs=dict(\n"
+                    "        kv_transfer_config=dict(\n"
+                    "            kv_connector='MooncakeStoreConnector',\n"
+                    "            kv_role='kv_both',\n"
+                    "            kv_connector_extra_config=dict(cache_prefx='rl'),\n"
+                    "        ),\n"
+                    "    ),\n"
+                    ")\n")
+    [artifact] = read(path).artifacts
+    assert artifact.data == {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+                             "kv_connector_extra_config": {"cache_prefx": "rl"}}
+    [typo] = validate_path(path, "0.32.0").dropped
+    assert typo.where.startswith(f"{path}:7 ") and "did you mean 'cache_prefix'?" in typo.fix
+
+
+def test_a_helm_template_is_read_with_its_actions_as_placeholders(tmp_path: Path) -> None:
+    """Actions alone on a line (if/end, toYaml) are blanked; the others are values kvctl does not
+    judge; line numbers stay the template's. Before, the YAML error sent it to the launch-line
+    reader, which reported '--kv-transfer-config has no value'."""
+    path = tmp_path / "deployment.yaml"
+    path.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ .Release.Name }}-vllm\n"
+                    "spec:\n  template:\n    spec:\n      containers:\n      - name: vllm\n"
+                    "        image: \"{{ .Values.image }}\"\n"
+                    "        {{- if .Values.env }}\n        env: {{ toYaml .Values.env | nindent 8 }}\n"
+                    "        {{- end }}\n        args:\n        - {{ .Values.model }}\n"
+                    "        - --kv-transfer-config\n"
+                    "        - '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"{{ .Values.role }}\",\"kv_rank\":1}'\n")
+    [artifact] = read(path).artifacts
+    assert artifact.data["kv_connector"] == "NixlConnector" and "container 'vllm'" in artifact.origin
+    report = validate_path(path, "0.32.0")
+    [removed] = report.errors
+    assert removed.where.startswith(f"{path}:17 ") and "kv_rank" in removed.where
+    assert not [p for p in report.problems if "kv_role" in p.where]  # filled in by the chart

@@ -4,11 +4,12 @@ Knows nothing of file formats.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 
 from packaging.version import Version
 
-from kvctl.validate.model import Collector, Problem, closest, join
+from kvctl.validate.model import Collector, Problem, join
 
 STORE_CONNECTOR = "MooncakeStoreConnector"
 _HASH_SEED_MAX = 4294967295  # CPython's upper bound for PYTHONHASHSEED
@@ -112,7 +113,9 @@ def _unread_name(name: str, value: str, v: Version) -> tuple[str, str]:
 
     spans = env_vars.history(name)
     if not spans:
-        close = closest(name, [n for n in env_vars.names_in(v) if n.startswith("VLLM_")])
+        # a misspelling is a letter or two off: a looser match suggests unrelated names
+        close = next(iter(difflib.get_close_matches(
+            name, [n for n in env_vars.names_in(v) if n.startswith("VLLM_")], n=1, cutoff=0.85)), None)
         fix = f"did you mean {close}? set {close}={value} instead" if close else \
             f"remove {name} (vLLM {v}'s vllm/envs.py defines no such name)"
         return f"vLLM {v} does not read {name}: no release kvctl knows defines it", fix

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvctl.errors import UsageError
-from kvctl.validate.model import Artifact, Problem
+from kvctl.validate.model import Artifact, Problem, SourceLines
 from kvctl.validate.readers.dockerfile import is_dockerfile, read_dockerfile
 from kvctl.validate.readers.documents import parse_documents, read_text
 from kvctl.validate.readers.helm_values import read_helm_values
@@ -44,6 +44,8 @@ def read(path: Path) -> Found:
     if is_dockerfile(path.name, text):
         return Found("dockerfile", *read_dockerfile(text, str(path)))
     suffix = _suffix(path)
+    if suffix == ".env" or path.name == ".env":  # docker --env-file, systemd EnvironmentFile
+        return _env_file(path)
     if suffix != path.suffix.lower() and is_templated(text):  # launch.sh.j2: every branch read
         return _template(text, path, suffix)
     return _read_text(text, path, suffix)
@@ -93,6 +95,23 @@ def _template(text: str, path: Path, suffix: str) -> Found:
         return part.artifacts, part.problems, part.format
 
     return Found(*read_template(text, one))
+
+
+def _env_file(path: Path) -> Found:
+    """KEY=value lines: the servers' environment, and any config a value holds (a kv_transfer_config
+    JSON meant for --kv-transfer-config "$VAR"), each with that environment."""
+    from dataclasses import replace
+
+    from kvctl.validate.readers.env_file import read_env_file
+    from kvctl.validate.readers.shell import config_in_text
+
+    env, lines = read_env_file(path)
+    held = [config_in_text(value, str(path), lines[f"env.{key}"]) for key, value in env.items()]
+    artifacts = [replace(a, env=env, lines=SourceLines(str(path), {**lines, **a.lines}),
+                         origin=f"variable {key} (line {lines[f'env.{key}']})")
+                 for key, a in zip(env, held) if a is not None]
+    artifacts.append(Artifact("env", env, "env", lines, origin=path.name))
+    return Found("env-file", artifacts)
 
 
 def _launch(text: str, path: Path) -> Found:

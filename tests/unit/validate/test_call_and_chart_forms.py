@@ -46,3 +46,19 @@ def test_a_helm_template_is_read_with_its_actions_as_placeholders(tmp_path: Path
     [removed] = report.errors
     assert removed.where.startswith(f"{path}:17 ") and "kv_rank" in removed.where
     assert not [p for p in report.problems if "kv_role" in p.where]  # filled in by the chart
+
+
+def test_an_env_file_is_the_servers_environment_and_its_configs(tmp_path: Path) -> None:
+    """docker --env-file / systemd EnvironmentFile: KEY=value lines. A value holding a config is
+    checked with the file's environment; an unknown VLLM_ name is located at its line."""
+    path = tmp_path / "vllm.env"
+    path.write_text("# for the vllm unit\nPYTHONHASHSEED=0\nVLLM_SERVER_DEV_MODE=1\n"
+                    "KV_TRANSFER_CONFIG='{\"kv_connector\":\"MooncakeStoreConnector\",\"kv_role\":\"kv_both\"}'\n"
+                    "VLLM_ENABLE_MOE_DP_CHUNK=0\n")
+    found = read(path)
+    kv, env = found.artifacts
+    assert kv.kind == "kv_transfer_config" and kv.env["PYTHONHASHSEED"] == "0" and env.kind == "env"
+    report = validate_path(path, "0.32.0")
+    [missing] = [p for p in report.errors if "MOONCAKE_CONFIG_PATH" in p.message and not p.dropped]
+    [unread] = report.dropped
+    assert unread.where == f"{path}:5 env.VLLM_ENABLE_MOE_DP_CHUNK"

@@ -59,6 +59,7 @@ def validate_path(path: Path, version: Version | str, *, allow_dropped: bool = F
         report.found.append(_describe(artifact))
         report.problems += _check(artifact, v, artifact.readers or names)
         report.problems += check_python_api(artifact, v)
+        report.problems += _comments(artifact, v, artifact.readers or names)
     if found.format == "bundle":
         from kvctl.validate.bundle import check_bundle
 
@@ -83,6 +84,26 @@ def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Probl
     if artifact.kind == "kv_offloading":
         return check_offloading_args(artifact, v)
     return validate_lmcache_config(artifact.data, v, artifact.where, artifact.lines)
+
+
+def _comments(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Problem]:
+    """A JSON file with comments, read without them: refused wherever vLLM json.loads it (a
+    kv_transfer_config always; a mooncake.json when a connector of `v` reads it)."""
+    if not artifact.json_comments:
+        return []
+    if artifact.kind == "mooncake":
+        from kvctl.validate.mooncake_file import reader_of
+
+        who = reader_of(v, names, artifact.data)
+        if who.kind == "none":
+            return []  # nobody parses it: said already (dropped)
+        reader = "LMCache's Mooncake backend" if who.kind == "lmcache" else f"vLLM {v}'s {who.connector}"
+    else:
+        reader = f"vLLM {v}"
+    where = f"{artifact.lines.file}:{artifact.json_comments}"
+    return [Problem(where, f"comments are not JSON: {reader} reads this file with json.load, which raises "
+                    "JSONDecodeError at start (kvctl read the rest without them)",
+                    "remove the comments (# ..., // ...)", ERROR)]
 
 
 def _describe(artifact: Artifact) -> str:

@@ -75,6 +75,9 @@ class Artifact:
     # vLLM Python API the script called to build it ("KVTransferConfig.from_cli"): readers are
     # version-free, so they record the call and python_api.py says which releases lack it.
     calls: tuple[str, ...] = ()
+    # The line of the first comment in a JSON file read without its comments (0: none): whatever
+    # reads the file with json.load refuses it.
+    json_comments: int = 0
     # Keys set one by one on top of a framework's own config (Hydra overrides without '+'): the
     # fields it does not set may come from that config, so a missing one is not a certain error.
     partial: bool = False

@@ -8,12 +8,13 @@ JSON / YAML documents are searched for configs.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from kvctl.errors import UsageError
 from kvctl.validate.model import Artifact, Problem, SourceLines
 from kvctl.validate.readers.dockerfile import is_dockerfile, read_dockerfile
-from kvctl.validate.readers.documents import parse_documents, read_text
+from kvctl.validate.readers.documents import parse_documents, read_text, strip_json_comments
 from kvctl.validate.readers.helm_values import read_helm_values
 from kvctl.validate.readers.shell import read_launch_text
 from kvctl.validate.readers.structured import Found, read_document, read_document_text
@@ -66,6 +67,11 @@ def _read_text(text: str, path: Path, suffix: str) -> Found:
     try:
         documents = parse_documents(path, text)
     except UsageError:
+        uncommented, comment_line = strip_json_comments(text) if suffix == ".json" else (text, 0)
+        if comment_line:  # annotated JSON: read without the comments, which are then judged
+            found = _read_text(uncommented, path, suffix)
+            found.artifacts = [replace(a, json_comments=comment_line) for a in found.artifacts]
+            return found
         if "{{" in text and suffix in (".yaml", ".yml", ".json", ""):  # a Helm chart's template
             templated = go_template_placeholders(text)
             if templated != text:
@@ -100,8 +106,6 @@ def _template(text: str, path: Path, suffix: str) -> Found:
 def _env_file(path: Path) -> Found:
     """KEY=value lines: the servers' environment, and any config a value holds (a kv_transfer_config
     JSON meant for --kv-transfer-config "$VAR"), each with that environment."""
-    from dataclasses import replace
-
     from kvctl.validate.readers.env_file import read_env_file
     from kvctl.validate.readers.shell import config_in_text
 

@@ -108,3 +108,35 @@ def _parse_json(path: Path, text: str) -> tuple[Any, yaml.Node | None]:
         return data, yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:  # JSON that YAML cannot compose (e.g. tab indents): no line numbers
         return data, None
+
+
+def strip_json_comments(text: str) -> tuple[str, int]:
+    """`text` without `//`, `#` and `/* */` comments outside strings (newlines kept, so lines stay
+    the file's), and the line of the first comment (0: none). Annotated JSON is common in docs;
+    json.load refuses it, but kvctl can still say what else is wrong with it."""
+    out, first, line, i, in_string = [], 0, 1, 0, False
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            out.append(c)
+            if c == "\\" and i + 1 < len(text):
+                out.append(text[i + 1])
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        elif c == "#" or text.startswith("//", i) or text.startswith("/*", i):
+            first = first or line
+            end = text.find("*/", i + 2) + 2 if text.startswith("/*", i) else text.find("\n", i)
+            end = len(text) if end < (2 if text.startswith("/*", i) else 0) else end
+            out.append("\n" * text.count("\n", i, end))
+            line += text.count("\n", i, end)
+            i = end
+            continue
+        else:
+            out.append(c)
+        line += c == "\n"
+        i += 1
+    return "".join(out), first

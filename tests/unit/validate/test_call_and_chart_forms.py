@@ -62,3 +62,19 @@ def test_an_env_file_is_the_servers_environment_and_its_configs(tmp_path: Path) 
     [missing] = [p for p in report.errors if "MOONCAKE_CONFIG_PATH" in p.message and not p.dropped]
     [unread] = report.dropped
     assert unread.where == f"{path}:5 env.VLLM_ENABLE_MOE_DP_CHUNK"
+
+
+def test_annotated_json_is_read_and_its_comments_judged_where_vllm_parses_it(tmp_path: Path) -> None:
+    """`# ...` / `// ...` in a mooncake.json: refused where a connector json.loads the file (the V0
+    pipe on 0.9.0 with VLLM_USE_V1=0, the store connector), moot where none reads it (dropped)."""
+    path = tmp_path / "mooncake.json"
+    path.write_text('{\n  "metadata_server": "P2PHANDSHAKE",  // or etcd://\n'
+                    '  "master_server_address": "127.0.0.1:50051",\n  "protocol": "tcp"\n}\n')
+    [artifact] = read(path).artifacts
+    assert artifact.kind == "mooncake" and artifact.json_comments == 2
+    [refused] = [p for p in validate_path(path, "0.32.0").errors if "comments are not JSON" in p.message]
+    assert refused.where == f"{path}:2" and "MooncakeStoreConnector" in refused.message
+    pipe = tmp_path / "pipe.json"  # a V0 pipe config: on 0.13 no connector reads it
+    pipe.write_text('{"prefill_url": "h:13003", # the prefill node\n "decode_url": "h:13103", "metadata_server": "h:2379"}\n')
+    moot = validate_path(pipe, "0.13.0")
+    assert not [p for p in moot.problems if "comments" in p.message] and moot.dropped

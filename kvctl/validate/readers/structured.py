@@ -50,6 +50,9 @@ class _Container:
     env: dict[str, str] = field(default_factory=dict)
     env_lines: dict[str, int] = field(default_factory=dict)  # where each env value's text starts
     env_paths: dict[str, str] = field(default_factory=dict)  # dotted path of an env value -> NAME
+    # Its args go to vLLM's parser: its command runs vllm, or it has none and its image is vLLM's
+    # (whose entrypoint is vllm serve). Unknown for args outside a container (KServe's predictor).
+    runs_vllm: bool = False
 
     def item(self, path: str) -> str:
         """'args[3] in container 'x'' for a path inside the container, else the path itself."""
@@ -187,7 +190,11 @@ def _container(kind: str, item: dict[str, Any], node: yaml.Node | None, path: st
             value_node = _mapping_children(entry_nodes[i]).get("value") if i < len(entry_nodes) else None
             env_lines[entry["name"]] = _content_line(value_node, lines, f"{path}.env[{i}].value")
             env_paths[f"{path}.env[{i}].value"] = entry["name"]
-    return _Container(label, path, env, env_lines, env_paths)
+    command = item.get("command")
+    image = str(item.get("image") or "")
+    runs_vllm = ("vllm" in " ".join(map(str, command)) if isinstance(command, list) else
+                 command is None and bool(re.search(r"(^|/)vllm(-openai)?(:|@|$)|vllm/vllm-openai", image)))
+    return _Container(label, path, env, env_lines, env_paths, runs_vllm)
 
 
 def _embedded_config(path: str, value: str, node: yaml.Node | None, lines: SourceLines, found: Found,
@@ -256,6 +263,9 @@ def _argv(path: str, items: list[Any], node: yaml.Node | None, lines: SourceLine
                     (item_nodes[i].start_mark.line + 1 if i < len(item_nodes) else lines.get(path, 1)))
               for i, item in enumerate(items) if isinstance(item, (str, int))]
     artifacts = configs_in_command(Command(tokens, dict(container.env)), lines.file, found.problems)
+    names_vllm = any(t.text.rsplit("/", 1)[-1] == "vllm" or t.text.startswith("vllm.") for t in tokens)
+    if not (names_vllm or container.runs_vllm):  # another program's args (KServe, a wrapper): not
+        artifacts = [replace(a, options=()) for a in artifacts]  # judged by vLLM's parser
     for artifact in artifacts:
         offload = artifact.kind == "kv_offloading"
         flag = next((i for i, item in enumerate(items) if isinstance(item, str)

@@ -78,3 +78,20 @@ def test_annotated_json_is_read_and_its_comments_judged_where_vllm_parses_it(tmp
     pipe.write_text('{"prefill_url": "h:13003", # the prefill node\n "decode_url": "h:13103", "metadata_server": "h:2379"}\n')
     moot = validate_path(pipe, "0.13.0")
     assert not [p for p in moot.problems if "comments" in p.message] and moot.dropped
+
+
+def test_args_are_judged_by_vllms_parser_only_where_vllm_gets_them(tmp_path: Path) -> None:
+    """KServe's predictor args go to KServe's own server (--model_name, --backend are its flags):
+    not judged. A container of vLLM's image without a command runs vllm serve: its args are."""
+    ktc = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+    kserve = tmp_path / "isvc.yaml"
+    kserve.write_text("apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nmetadata:\n  name: q\n"
+                      "spec:\n  predictor:\n    model:\n      args:\n      - --model_name=q\n      - --backend=vllm\n"
+                      f"      - --kv-transfer-config={ktc}\n")
+    assert not [p for p in validate_path(kserve, "0.32.0").errors]
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: v\nspec:\n  containers:\n  - name: vllm\n"
+                   "    image: vllm/vllm-openai:v0.32.0\n    args: [\"--model\", \"m\", \"--disable-log-requests\",\n"
+                   f"           \"--kv-transfer-config\", '{ktc}']\n")
+    [removed] = validate_path(pod, "0.32.0").errors
+    assert "--disable-log-requests" in removed.where

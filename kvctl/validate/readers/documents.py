@@ -14,15 +14,21 @@ from kvctl.validate.model import SourceLines, join
 
 
 def read_text(path: Path) -> str:
+    """The file's text, at most yamlio.MAX_BYTES: read in one bounded read, so a device or a pipe
+    that never ends (/dev/zero, a FIFO) is refused like a big file instead of read forever."""
+    limit = f"more than kvctl reads ({yamlio.MAX_BYTES // (1024 * 1024)} MB)"
     try:
-        size = path.stat().st_size
-        if size > yamlio.MAX_BYTES:
-            raise UsageError(f"{path}: {size} bytes is more than kvctl reads "
-                             f"({yamlio.MAX_BYTES // (1024 * 1024)} MB)", "give the config itself")
-        return path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise UsageError(f"cannot read {path}: {reason}", "check the path and its permissions") from None
+        with path.open("rb") as handle:
+            data = handle.read(yamlio.MAX_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", "check the path and its permissions") from None
+    if len(data) > yamlio.MAX_BYTES:
+        raise UsageError(f"{path}: {limit}", "give the config itself")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}): a binary file, or another encoding",
+                         "give the config as text (UTF-8)") from None
 
 
 def loads(text: str) -> Any:

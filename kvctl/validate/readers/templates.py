@@ -103,16 +103,22 @@ def read_template(text: str, read_text: ReadText) -> tuple[str, list[Artifact], 
 
 
 # Go templates (Helm chart templates/*.yaml): `{{ ... }}` actions, the chart fills them in.
-_GO_ACTION = re.compile(r"\{\{-?.*?-?\}\}", re.S)
 GO_PLACEHOLDER = "${chart}"  # a value filled in later: kvctl does not judge it (model.placeholder)
 
 
 def go_template_placeholders(text: str) -> str:
     """A Helm template YAML read as YAML: a line that is only actions (`{{- if .Values.x }}`,
     `{{ toYaml .Values.env | nindent 8 }}`) is blanked, every other action becomes a placeholder
-    value; newlines are kept, so every line number is the template's own."""
-    def line(raw: str) -> str:
-        if raw.strip() and not _GO_ACTION.sub("", raw).strip():
-            return ""
-        return _GO_ACTION.sub(lambda m: GO_PLACEHOLDER if "\n" not in m.group(0) else "\n" * m.group(0).count("\n"), raw)
-    return "\n".join(line(raw) for raw in text.split("\n"))
+    value; newlines are kept, so every line number is the template's own. One pass with str.find:
+    linear, whatever the text (an unclosed `{{` ends the scan)."""
+    out, i = [], 0
+    while (start := text.find("{{", i)) >= 0:
+        end = text.find("}}", start + 2)
+        if end < 0:
+            break
+        out += [text[i:start], "\x00" + "\n" * text.count("\n", start, end)]  # \x00: an action
+        i = end + 2
+    out.append(text[i:])
+    lines = "".join(out).split("\n")
+    return "\n".join("" if line.strip() and not line.replace("\x00", "").strip()
+                     else line.replace("\x00", GO_PLACEHOLDER) for line in lines)

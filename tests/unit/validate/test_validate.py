@@ -640,10 +640,28 @@ def test_files_kvctl_cannot_validate(tmp_path: Path, text: str, match: str) -> N
 def test_unreadable_and_missing_files(tmp_path: Path) -> None:
     binary = tmp_path / "x.json"
     binary.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(UsageError, match="cannot read"):
+    with pytest.raises(UsageError, match="not UTF-8 text"):
         validate_path(binary, "0.23.0")
     with pytest.raises(UsageError, match="no such file"):
         validate_path(tmp_path / "nope.json", "0.23.0")
+
+
+def test_a_file_that_never_ends_is_refused_not_read_forever() -> None:
+    """/dev/zero reports size 0: the read is bounded, not the stat."""
+    with pytest.raises(UsageError, match="more than kvctl reads"):
+        validate_path(Path("/dev/zero"), "0.32.0")
+
+
+def test_an_unclosed_template_action_costs_linear_time(tmp_path: Path) -> None:
+    """`{{` a hundred thousand times and no `}}`: refused as YAML at once (the template scan is one pass)."""
+    from kvctl.validate.readers.templates import go_template_placeholders
+
+    text = "{{" * 200_000
+    assert go_template_placeholders(text) == text
+    bomb = tmp_path / "t.yaml"
+    bomb.write_text(text)
+    with pytest.raises(UsageError, match="not valid YAML"):
+        validate_path(bomb, "0.32.0")
 
 
 # -- bundles -----------------------------------------------------------------------------

@@ -9,18 +9,17 @@ written with `cat > f <<EOF`) are read as documents, and what kvctl cannot evalu
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import yaml
 
-from kvctl import yamlio
 from kvctl.errors import UsageError
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
-from kvctl.validate.readers.documents import loads, text_lines
+from kvctl.validate.readers.documents import text_lines
+from kvctl.validate.readers.flag_value import VARIABLE as _VARIABLE
+from kvctl.validate.readers.flag_value import parse_value, scalar
 from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_words, located
 from kvctl.validate.readers.serve_args import launch_options
@@ -34,10 +33,8 @@ _HYDRA = re.compile(r"^(?:\+\+|\+|~)?(?P<path>(?:[\w-]+\.)*kv_transfer_config)(?
 _ASSIGN = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$", re.S)
 _DECLARE = {"export", "local", "declare", "readonly", "typeset"}
 _HYDRA_FLOW_KEY = re.compile(r"([{,]\s*)([\w.-]+):(?=[^\s/])")  # {a:1,b:x} -> {a: 1,b: x}
-_VARIABLE = re.compile(r"\$(?:\{(?P<braced>\w+)\}|(?P<plain>[A-Za-z_]\w*))")
 _WHOLE_VARIABLE = re.compile(r"^\$(?:\{(?P<braced>\w+)\}|(?P<plain>[A-Za-z_]\w*))$")
 _MOONCAKE_KEYS = ("master_server_address", "metadata_server")  # a mooncake.json has one
-_JSON_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 _HEREDOC = re.compile(r"<<(?P<dash>-?)\s*(?P<quote>['\"]?)(?P<word>\w+)(?P=quote)")
 _MARKERS = ("--kv-transfer-config", "--kv_transfer_config") + OFFLOAD_MARKERS
 _MAX_DEPTH = 3  # strings holding launch lines holding strings ...
@@ -294,15 +291,15 @@ class _Reader:
 def config_in_text(text: str, file: str, line: int) -> Artifact | None:
     """The kv_transfer_config (a JSON / YAML-flow mapping with kv_connector or kv_role) or the
     mooncake.json (JSON with a master or metadata address) that `text`, at file line `line`, is."""
-    parsed = _parse_value(text, json_only=False)
+    parsed = parse_value(text, json_only=False)
     if isinstance(parsed, str) and '\\"' in text:  # '{\"a\": 1}' kept for a later eval
         text = text.replace('\\"', '"')
-        parsed = _parse_value(text, json_only=False)
+        parsed = parse_value(text, json_only=False)
     if isinstance(parsed, str):
         return None
     if "kv_connector" in parsed or "kv_role" in parsed:
         kind = "kv_transfer_config"
-    elif any(k in parsed for k in _MOONCAKE_KEYS) and isinstance(_parse_value(text, True), dict):
+    elif any(k in parsed for k in _MOONCAKE_KEYS) and isinstance(parse_value(text, True), dict):
         kind = "mooncake"
     else:
         return None
@@ -319,6 +316,8 @@ class _Pending:
     hydra_path: str = ""
     via: str = ""  # the variable the value came from: "KV_CONFIG (line 3)"
     whole: bool = False  # a whole value was given (not only keys one by one)
+    whole_line: int = 0  # where the last whole value was
+    whole_keys: list[str] = field(default_factory=list)  # the keys it set
     adds: bool = False  # a Hydra override added a key the base config lacks (+key=...)
 
 
@@ -387,16 +386,18 @@ def _take(pending: _Pending, dotted: str | None, raw: str, line: int, file: str,
         node = pending.data
         for key in keys[:-1]:
             node = node.setdefault(key, {}) if isinstance(node.get(key, {}), dict) else {}
-        node[keys[-1]] = _scalar(value)
+        node[keys[-1]] = scalar(value)
         pending.lines["kv_transfer_config." + ".".join(keys)] = line
         return
-    pending.whole = True
+    if pending.whole:  # a second whole value: argparse (and Hydra) keep the last one
+        _replace_whole(pending, line, file, problems)
+    pending.whole, pending.whole_line = True, line
     text = value if json_only else _HYDRA_FLOW_KEY.sub(r"\1\2: ", value)
-    parsed = _parse_value(text, json_only)
+    parsed = parse_value(text, json_only)
     if isinstance(parsed, str) and '\\"' in text:
         # `"{\"a\": 1}"` held in a variable for a later eval: read it as the eval would.
         text = text.replace('\\"', '"')
-        parsed = _parse_value(text, json_only)
+        parsed = parse_value(text, json_only)
     if isinstance(parsed, str):
         unexpanded = _VARIABLE.search(value)
         hint = (f" (it uses {unexpanded[0]}, which the script does not set)" if unexpanded else
@@ -407,43 +408,18 @@ def _take(pending: _Pending, dotted: str | None, raw: str, line: int, file: str,
                                 "it with json.loads)", WARNING if hint else ERROR))
         return
     pending.data.update(parsed)
+    pending.whole_keys = list(parsed)
     pending.lines.update(text_lines(text, "kv_transfer_config", file, line))
 
 
-def _parse_value(value: str, json_only: bool) -> dict[str, Any] | str:
-    """A dict, or the reason it is not one. vLLM reads the flag with json.loads; Hydra values are
-    YAML-like (`{a: 1}`, `{a:1}`). Variables the script does not set stay in, as strings."""
-    try:
-        parsed = loads(value)
-    except json.JSONDecodeError as exc:
-        reason: str = exc.msg
-        try:  # "enable_async_transfers": $FLAG -> "$FLAG": a placeholder the checks skip
-            parsed = loads(_quote_variables(value))
-        except json.JSONDecodeError:
-            if json_only:
-                return reason
-            try:
-                parsed = yamlio.safe_load(value)
-            except yaml.YAMLError as yexc:
-                return str(getattr(yexc, "problem", yexc))
-    if not isinstance(parsed, dict):
-        return f"it is a {type(parsed).__name__}"
-    return parsed
-
-
-def _quote_variables(text: str) -> str:
-    """Quote $VAR references that stand outside JSON strings."""
-    out, last = [], 0
-    for string in _JSON_STRING.finditer(text):
-        out.append(_VARIABLE.sub(lambda m: json.dumps(m[0]), text[last:string.start()]))
-        out.append(string[0])
-        last = string.end()
-    out.append(_VARIABLE.sub(lambda m: json.dumps(m[0]), text[last:]))
-    return "".join(out)
-
-
-def _scalar(value: str) -> Any:
-    try:
-        return loads(value)
-    except json.JSONDecodeError:
-        return value
+def _replace_whole(pending: _Pending, line: int, file: str, problems: list[Problem]) -> None:
+    """The earlier whole value is not used: vLLM's parser keeps the last --kv-transfer-config."""
+    for key in pending.whole_keys:
+        pending.data.pop(key, None)
+        for path in [p for p in pending.lines if p == f"kv_transfer_config.{key}"
+                     or p.startswith(f"kv_transfer_config.{key}.")]:
+            del pending.lines[path]
+    problems.append(Problem(f"{file}:{pending.whole_line} kv_transfer_config",
+                            f"the command gives the kv_transfer_config twice (lines {pending.whole_line} "
+                            f"and {line}): vLLM keeps the last one, so this one is not used",
+                            "give it once", ERROR, dropped=True))

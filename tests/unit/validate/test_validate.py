@@ -839,3 +839,18 @@ def test_a_mooncake_config_path_no_connector_reads_is_dropped() -> None:
     assert not [p for p in validate_kv_transfer_config(lmcache, "0.32.0", env=env) if p.dropped]
     external = {**p2p, "kv_connector": "MyConnector", "kv_connector_module_path": "my.connector"}
     assert not [p for p in validate_kv_transfer_config(external, "0.32.0", env=env) if p.dropped]
+
+
+def test_a_second_whole_kv_transfer_config_replaces_the_first(tmp_path: Path) -> None:
+    """vLLM's parser keeps the last --kv-transfer-config: the first is dropped, and only the last
+    one is judged (its removed kv_buffer_size is not reported)."""
+    f = tmp_path / "run.sh"
+    f.write_text("vllm serve m --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\","
+                 "\"kv_buffer_size\":1}' \\\n  --kv-transfer-config '" + json.dumps(STORE) + "'\n")
+    report = validate_path(f, "0.32.0")
+    from kvctl.validate.readers import read
+
+    [artifact] = read(f).artifacts
+    assert artifact.data == STORE
+    [twice] = report.problems
+    assert twice.dropped and twice.where == f"{f}:1 kv_transfer_config" and "keeps the last one" in twice.message

@@ -138,7 +138,9 @@ def validate(
 
     FILE: a kv_transfer_config (JSON/YAML), a mooncake.json, a verl config or Hydra override line,
     a `vllm serve` launch line or script, kvctl's vllm-args.txt, a vLLM --config YAML, a Kubernetes
-    manifest (container args, ConfigMaps), an LMCache config, or a `config render --out` folder.
+    manifest or Helm template, production-stack Helm values, a Dockerfile, an env file, Python
+    (KVTransferConfig, LLM, Ray Serve engine_kwargs), a prime-rl TOML, an LMCache config, or a
+    `config render --out` folder.
     Reports every problem with file:line, what is wrong and how to fix it; exit 1 when any is an
     error, 2 when the input cannot be read (with --json, an error object on stdout too). A
     setting vLLM silently drops is an error unless --allow-dropped.

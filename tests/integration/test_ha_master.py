@@ -114,7 +114,7 @@ def test_plan_picks_the_leader_and_names_the_standby(pair: tuple[MasterProcess, 
                                                      tmp_path: Path, cli) -> None:
     leader, standby = pair
     with DoubleFleet() as fleet:
-        urls = [fleet.add(VllmDouble("0.22.0", cache_prefix="rl-a"))]
+        urls = [fleet.add(VllmDouble("0.24.0", cache_prefix="rl-a"))]
         # the standby first: kvctl must not simply take the first address
         inv = _inventory(tmp_path, [standby.admin_address, leader.admin_address], urls)
         plan = run(plan_reset(build_fleet(None, inv, env={}), ResetOptions(connector=True)))
@@ -166,7 +166,7 @@ def test_whole_master_clear_never_goes_to_the_standby(pair: tuple[MasterProcess,
     ha_writer.put(5, "rl-a@")
     before = admin_call(standby.admin_address, "metrics").remove_all_requests_total
     clears.clear()
-    with DoubleFleet() as fleet:
+    with DoubleFleet() as fleet:  # 0.22: vLLM's own reset clears nothing, so kvctl clears the master
         urls = [fleet.add(VllmDouble("0.22.0", cache_prefix="rl-a"))]
         masters = f"{standby.admin_address},{leader.admin_address}"  # comma-separated --master
         result = cli("reset", "--url", urls[0], "--master", masters, "--connector", "--whole-master", "--json")
@@ -187,7 +187,7 @@ def test_no_leader_fails_the_plan_before_anything_is_sent(pair: tuple[MasterProc
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
     with DoubleFleet() as fleet:
-        double = VllmDouble("0.22.0", cache_prefix="rl-a")
+        double = VllmDouble("0.24.0", cache_prefix="rl-a")
         urls = [fleet.add(double)]
         result = cli("reset", "--inventory", str(_inventory(tmp_path, [standby.admin_address, dead], urls)),
                      "--connector", "--json")
@@ -254,7 +254,7 @@ def test_leader_change_between_plan_and_execute(failover, clears: list[str], tmp
     old, new, writer = failover
     _put_after_failover(writer, 10, "rl-a@")
     with DoubleFleet() as fleet:
-        urls = [fleet.add(VllmDouble("0.22.0", cache_prefix="rl-a")) for _ in range(2)]
+        urls = [fleet.add(VllmDouble("0.24.0", cache_prefix="rl-a")) for _ in range(2)]
         fleet_spec = build_fleet(None, _inventory(tmp_path, [old.admin_address, new.admin_address], urls), env={})
         options = ResetOptions(connector=True, verify=False, clear_timeout=30.0)
 

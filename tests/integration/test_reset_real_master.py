@@ -58,12 +58,13 @@ def _keys(master: MasterProcess, prefix: str) -> int:
     return admin_call(master.admin_address, "key_count", prefix)
 
 
-@pytest.mark.parametrize("version", ["0.22.0", "0.32.0"])
+@pytest.mark.parametrize("version", ["0.24.0", "0.32.0"])
 def test_scoped_reset_leaves_other_deployments_keys(empty_master: MasterProcess, writer: StoreWriter,
                                                     tmp_path, cli, version: str) -> None:
-    """Two deployments share one real master; resetting rl-a loses 0 of svc-b's keys. On 0.22 vLLM's
-    connector reset clears nothing; on 0.32 it is a master-wide remove_all, so kvctl must not send
-    reset_external=true there and clears rl-a's keys itself."""
+    """Two deployments share one real master; resetting rl-a loses 0 of svc-b's keys. vLLM's
+    connector reset is a master-wide remove_all from 0.23, so kvctl must not send
+    reset_external=true and clears rl-a's keys itself (0.24 is the first release whose keys carry
+    the prefix: before it a scoped clear is refused, test below)."""
     writer.put(20, "rl-a@")
     writer.put(20, "svc-b@")
     with DoubleFleet() as fleet:
@@ -79,9 +80,25 @@ def test_scoped_reset_leaves_other_deployments_keys(empty_master: MasterProcess,
     assert (m["keys_before"], m["keys_after"]) == (20, 0)
     assert (m["others_before"], m["others_after"]) == (20, 20)
     assert _keys(empty_master, "svc-b@") == 20 and _keys(empty_master, "rl-a@") == 0
-    if version == "0.32.0":  # never vLLM's master-wide reset (on 0.22 it clears nothing either way)
-        assert sent and all(p.get("reset_external") == "false" for p in sent), sent
+    assert sent and all(p.get("reset_external") == "false" for p in sent), sent  # never vLLM's master-wide reset
     assert writer.proc.poll() is None
+
+
+def test_a_scoped_reset_of_a_release_that_ignores_cache_prefix_is_refused(empty_master: MasterProcess,
+                                                                          writer: StoreWriter, tmp_path, cli) -> None:
+    """vLLM 0.22 writes keys without the prefix it was given: a clear scoped to rl-a would find none
+    of them and report success. Refused before anything is sent; every key stays."""
+    writer.put(6, "rl-a@")
+    writer.put(6, "svc-b@")
+    with DoubleFleet() as fleet:
+        double = VllmDouble("0.22.0", cache_prefix="rl-a")
+        urls = [fleet.add(double)]
+        result = cli("reset", "--inventory", _inventory(tmp_path, empty_master, urls), "--connector", "--json")
+        resets = [c for c in double.calls if c.path.startswith("/reset")]
+    data = json.loads(result.stdout)
+    assert result.exit_code == 1 and "does not read cache_prefix" in data["plan"]["error"], result.stdout
+    assert "--whole-master" in data["plan"]["hint"] and not resets
+    assert _keys(empty_master, "rl-a@") == 6 and _keys(empty_master, "svc-b@") == 6
 
 
 def test_whole_master_is_explicit_and_clears_everyone(empty_master: MasterProcess, writer: StoreWriter,
@@ -131,7 +148,7 @@ def test_prefix_is_learned_from_the_servers(empty_master: MasterProcess, writer:
     writer.put(4, "rl-a@")
     writer.put(4, "svc-b@")
     with DoubleFleet() as fleet:
-        urls = [fleet.add(VllmDouble("0.22.0", cache_prefix="rl-a"))]
+        urls = [fleet.add(VllmDouble("0.24.0", cache_prefix="rl-a"))]
         result = cli("reset", "--inventory", _inventory(tmp_path, empty_master, urls, None),
                      "--connector", "--json")
     data = json.loads(result.stdout)

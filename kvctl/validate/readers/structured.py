@@ -148,7 +148,9 @@ def _visit(path: str, value: Any, node: yaml.Node | None, lines: SourceLines, fo
     elif isinstance(value, dict):
         children = _mapping_children(node)
         for child_key, child in value.items():
-            _visit(join(path, child_key), child, children.get(str(child_key)), lines, found, container)
+            inner = _compose_service(str(child_key), child, join(path, child_key), lines) \
+                if path == "services" and isinstance(child, dict) else container
+            _visit(join(path, child_key), child, children.get(str(child_key)), lines, found, inner)
         _offloading(path, value, lines, found, container)
     elif isinstance(value, list):
         if any(isinstance(v, str) and (v.startswith(_LAUNCH_MARKERS[:2]) or OFFLOAD_FLAG.match(v)) for v in value):
@@ -195,6 +197,25 @@ def _container(kind: str, item: dict[str, Any], node: yaml.Node | None, path: st
     runs_vllm = ("vllm" in " ".join(map(str, command)) if isinstance(command, list) else
                  command is None and bool(re.search(r"(^|/)vllm(-openai)?(:|@|$)|vllm/vllm-openai", image)))
     return _Container(label, path, env, env_lines, env_paths, runs_vllm)
+
+
+def _compose_service(name: str, service: dict[str, Any], path: str, lines: SourceLines) -> _Container:
+    """A docker-compose service: its `environment` (a mapping or NAME=value items) is the server's
+    env; `command` replaces the image's CMD, so with vLLM's image (and no `entrypoint`) it is
+    vllm serve's arguments."""
+    env: dict[str, str] = {}
+    env_lines: dict[str, int] = {}
+    environment = service.get("environment")
+    items = environment.items() if isinstance(environment, dict) else \
+        (str(e).partition("=")[::2] for e in environment) if isinstance(environment, list) else ()
+    for index, (key, value) in enumerate(items):
+        env[str(key)] = "" if value is None else str(value)
+        where = f"{path}.environment.{key}" if isinstance(environment, dict) else f"{path}.environment[{index}]"
+        env_lines[str(key)] = lines.get(where, lines.get(path, 1))
+    entrypoint = service.get("entrypoint")
+    runs_vllm = ("vllm" in str(entrypoint)) if entrypoint is not None else \
+        bool(re.search(r"(^|/)vllm(-openai)?(:|@|$)|vllm/vllm-openai", str(service.get("image") or "")))
+    return _Container(f"service '{name}'", path, env, env_lines, {}, runs_vllm)
 
 
 def _embedded_config(path: str, value: str, node: yaml.Node | None, lines: SourceLines, found: Found,
@@ -266,6 +287,8 @@ def _argv(path: str, items: list[Any], node: yaml.Node | None, lines: SourceLine
     names_vllm = any(t.text.rsplit("/", 1)[-1] == "vllm" or t.text.startswith("vllm.") for t in tokens)
     if not (names_vllm or container.runs_vllm):  # another program's args (KServe, a wrapper): not
         artifacts = [replace(a, options=()) for a in artifacts]  # judged by vLLM's parser
+    env_lines = {f"env.{name}": line for name, line in container.env_lines.items()}  # env problems' lines
+    artifacts = [replace(a, lines=SourceLines(a.lines.file, {**env_lines, **a.lines})) for a in artifacts]
     for artifact in artifacts:
         offload = artifact.kind == "kv_offloading"
         flag = next((i for i, item in enumerate(items) if isinstance(item, str)

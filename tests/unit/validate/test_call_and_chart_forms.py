@@ -95,3 +95,20 @@ def test_args_are_judged_by_vllms_parser_only_where_vllm_gets_them(tmp_path: Pat
                    f"           \"--kv-transfer-config\", '{ktc}']\n")
     [removed] = validate_path(pod, "0.32.0").errors
     assert "--disable-log-requests" in removed.where
+
+
+def test_a_compose_service_is_a_container_with_its_environment(tmp_path: Path) -> None:
+    """docker-compose: `command` replaces vLLM's image CMD, so its flags are vllm serve's; the
+    service's `environment` (mapping or list) is the server's env, located at its lines."""
+    path = tmp_path / "compose.yaml"
+    path.write_text("services:\n  prefill:\n    image: vllm/vllm-openai:v0.32.0\n    environment:\n"
+                    "      PYTHONHASHSEED: \"0\"\n      VLLM_ENABLE_MOE_DP_CHUNK: \"0\"\n"
+                    "    command: [\"--model\", \"m\", \"--disable-log-requests\", \"--kv-transfer-config\",\n"
+                    "              '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}']\n")
+    [artifact] = read(path).artifacts
+    assert artifact.env == {"PYTHONHASHSEED": "0", "VLLM_ENABLE_MOE_DP_CHUNK": "0"}
+    assert "of service 'prefill'" in artifact.origin
+    report = validate_path(path, "0.32.0")
+    [flag] = [p for p in report.errors if not p.dropped]
+    [unread] = report.dropped
+    assert "--disable-log-requests" in flag.where and unread.where == f"{path}:6 env.VLLM_ENABLE_MOE_DP_CHUNK"

@@ -484,8 +484,8 @@ def test_compose_environment_entries_holding_a_config(tmp_path: Path) -> None:
       KV_TRANSFER_CONFIG: '{json.dumps(STORE)}'
 """)
     assert [(a.lines["kv_transfer_config"], a.origin) for a in read(path).artifacts] == [
-        (5, "KV_TRANSFER_CONFIG in services.prefill.environment[0] (line 5)"),
-        (8, "services.decode.environment.KV_TRANSFER_CONFIG (line 8)")]
+        (5, "KV_TRANSFER_CONFIG in environment[0] of service 'prefill' (line 5)"),
+        (8, "environment.KV_TRANSFER_CONFIG of service 'decode' (line 8)")]
 
 
 def test_a_config_only_in_a_comment_is_said(tmp_path: Path) -> None:

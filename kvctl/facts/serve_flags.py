@@ -11,7 +11,7 @@ from typing import Any
 from packaging.version import Version
 
 from kvctl.facts.capabilities import _interval_at, _where, load_facts
-from kvctl.facts.versions import parse_version
+from kvctl.facts.versions import parse_version, release
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def known(version: str | Version) -> bool:
     """Do the facts cover `version`? (None of its options are known before the first release read.)"""
     v = parse_version(version)
     releases = load_facts().get("releases", [])
-    return bool(_section()) and bool(releases) and Version(".".join(map(str, v.release))) >= Version(releases[0])
+    return bool(_section()) and bool(releases) and Version(release(v)) >= Version(releases[0])
 
 
 @lru_cache(maxsize=64)
@@ -46,12 +46,12 @@ def _options(release: Version) -> dict[str, ServeOption]:
 def serve_options(version: str | Version) -> dict[str, ServeOption]:
     """Every option string `vllm serve` accepts in `version` (empty where the facts do not cover it)."""
     v = parse_version(version)
-    return _options(Version(".".join(map(str, v.release)))) if known(v) else {}
+    return _options(Version(release(v))) if known(v) else {}
 
 
 def removed_in(name: str, version: str | Version) -> str | None:
     """The release that dropped `name` when an earlier release than `version` had it."""
-    v = Version(".".join(map(str, parse_version(version).release)))
+    v = Version(release(parse_version(version)))
     rows = _section().get(name, {}).get("values", [])
     starts = {r["since"] for r in rows}  # an interval ending where the next begins is a change, not a removal
     ends = [Version(r["until"]) for r in rows
@@ -61,7 +61,7 @@ def removed_in(name: str, version: str | Version) -> str | None:
 
 def first_in(name: str, version: str | Version) -> str | None:
     """The first release after `version` that accepts `name`."""
-    v = Version(".".join(map(str, parse_version(version).release)))
+    v = Version(release(parse_version(version)))
     starts = [Version(r["since"]) for r in _section().get(name, {}).get("values", []) if Version(r["since"]) > v]
     return str(min(starts)) if starts else None
 

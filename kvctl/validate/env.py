@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 
 from packaging.version import Version
 
+from kvctl.facts.versions import release
 from kvctl.validate.model import Collector, Problem, join
 
 STORE_CONNECTOR = "MooncakeStoreConnector"
@@ -128,7 +129,7 @@ def _unread_name(name: str, value: str, v: Version) -> tuple[str, str]:
 
 
 def _release(v: Version) -> Version:
-    return Version(".".join(map(str, v.release)))  # 0.32.0+cpu reads what 0.32.0 reads
+    return Version(release(v))  # 0.32.0+cpu reads what 0.32.0 reads
 
 
 def _validation_note(name: str, v: Version) -> str:

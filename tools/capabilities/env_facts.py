@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 
 from tools.capabilities.fetch import wanted
-from tools.capabilities.source import SourceTree, loc, str_const
+from tools.capabilities.source import SourceTree, constant_in, loc, str_const
 
 ENVS = "vllm/envs.py"
 ARG_UTILS = "vllm/engine/arg_utils.py"
@@ -106,21 +106,13 @@ def _check(tree: SourceTree) -> dict | None:
             **loc(ENVS, func)}
 
 
-def _flag(tree: SourceTree) -> dict | None:
-    module = tree.parse(ARG_UTILS)
-    for node in ast.walk(module) if module else ():
-        if str_const(node) == FLAG:
-            return {"value": FLAG, **loc(ARG_UTILS, node)}
-    return None
-
-
 def validation(tree: SourceTree) -> dict:
     """The "env_validation" section: empty where no release code checks the environment."""
     call = _call(tree)
     if call is None:
         return {}
     entry: dict = {"call": {"values": call}}
-    for attr, fact in (("check", _check(tree)), ("hard_fail_flag", _flag(tree))):
+    for attr, fact in (("check", _check(tree)), ("hard_fail_flag", constant_in(tree, ARG_UTILS, FLAG))):
         if fact is not None:
             entry[attr] = {"values": fact}
     return {"unknown_names": entry}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 
 from tools.capabilities.config_facts import default_repr, literal_values
-from tools.capabilities.source import SourceTree, find_class, loc, str_const
+from tools.capabilities.source import SourceTree, constant_in, find_class, loc, str_const
 
 FIELDS = ("kv_offloading_size", "kv_offloading_backend")
 FUNCTION = "_post_init_kv_transfer_config"
@@ -37,16 +37,6 @@ def _cache_config(tree: SourceTree) -> tuple[str, ast.Module, ast.ClassDef] | No
     return None
 
 
-def _flag(tree: SourceTree, name: str) -> dict | None:
-    """Where arg_utils adds `--kv-offloading-size` (the option argparse knows)."""
-    module = tree.parse(ARG_UTILS)
-    flag = "--" + name.replace("_", "-")
-    for node in ast.walk(module) if module else ():
-        if str_const(node) == flag:
-            return {"value": flag, **loc(ARG_UTILS, node)}
-    return None
-
-
 def fields(tree: SourceTree) -> dict:
     """The two CacheConfig fields of one release (empty before they exist)."""
     found = _cache_config(tree)
@@ -60,7 +50,7 @@ def fields(tree: SourceTree) -> dict:
             continue
         entry: dict = {"spans": loc(path, stmt),
                        "types": {"type": ast.unparse(stmt.annotation), "default": default_repr(stmt.value)}}
-        flag = _flag(tree, stmt.target.id)
+        flag = constant_in(tree, ARG_UTILS, "--" + stmt.target.id.replace("_", "-"))  # where arg_utils adds it
         if flag is not None:
             entry["flag"] = {"values": flag}
         choices = literal_values(stmt.annotation, module)

@@ -112,6 +112,16 @@ def loc(path: str, node: ast.AST) -> dict:
     return {"file": path, "line": getattr(node, "lineno", 0)}
 
 
+def constant_in(tree: SourceTree, path: str, text: str) -> dict | None:
+    """{"value": text, file, line} of the first string constant `text` in `path` (e.g. where
+    arg_utils.py adds a flag), or None when the file or the constant is absent."""
+    module = tree.parse(path)
+    for node in ast.walk(module) if module else ():
+        if str_const(node) == text:
+            return {"value": text, **loc(path, node)}
+    return None
+
+
 def own_nodes(func: ast.AST) -> Iterator[ast.AST]:
     """Nodes of a function body, not descending into nested functions or classes."""
     stack = list(ast.iter_child_nodes(func))

@@ -14,12 +14,12 @@ import json
 import re
 
 from kvctl.validate.model import Artifact, Environment, Problem
+from kvctl.validate.readers.serve_args import runs_vllm
 from kvctl.validate.readers.shell import Command, configs_in_command, read_launch_text
 from kvctl.validate.readers.shell_words import Token
 
 _INSTRUCTION = re.compile(r"^\s*([A-Za-z]+)\s+(.*)$", re.S)
 _ENV_PAIR = re.compile(r"""([A-Za-z_][A-Za-z0-9_]*)=("(?:\\.|[^"\\])*"|'[^']*'|\S*)""")
-VLLM_IMAGES = re.compile(r"(^|/)vllm-openai(:|@|$)|(^|/)vllm/vllm(-openai)?(:|@|$)")
 VLLM_ENTRYPOINT = ["vllm", "serve"]
 
 
@@ -62,7 +62,7 @@ def _command(entry, cmd, base: str, env: Environment, file: str) -> tuple[list[A
     words: list[Token] = []
     if entry is not None:
         words += [Token(w, entry[0]) for w in entry[1]]
-    elif VLLM_IMAGES.search(base):
+    elif runs_vllm(None, base):
         words += [Token(w, cmd[0]) for w in VLLM_ENTRYPOINT]
     if cmd is not None and cmd[1] is not None:
         words += [Token(w, cmd[0]) for w in cmd[1]]

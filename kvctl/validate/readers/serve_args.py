@@ -12,6 +12,17 @@ import re
 from collections.abc import Sequence
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
+# vLLM's own images (vllm/vllm-openai:v0.32.0, a mirror's .../vllm-openai, vllm:tag): their
+# entrypoint is vllm serve, so a container or compose service of one passes its args to vLLM.
+_VLLM_IMAGE = re.compile(r"(^|/)vllm(-openai)?(:|@|$)|vllm/vllm-openai")
+
+
+def runs_vllm(override: object, image: object) -> bool:
+    """Does a container give its args to vLLM's parser? `override`: the command (k8s) or the
+    entrypoint (compose, Dockerfile) it sets, None when the image's own runs."""
+    if override is None:
+        return bool(_VLLM_IMAGE.search(str(image or "")))
+    return "vllm" in (" ".join(map(str, override)) if isinstance(override, list) else str(override))
 # "Qwen/Qwen3-0.6B": a Hugging Face model id, not a program or a script (run.sh, bin/launch.py)
 _MODEL_ID = re.compile(r"^[\w-]+/[\w.-]+$(?<!\.py)(?<!\.sh)")
 

@@ -22,6 +22,7 @@ from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe
 from kvctl.validate.readers.documents import loads, node_lines, parse_documents, text_lines
 from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_mapping, located
+from kvctl.validate.readers.serve_args import runs_vllm
 from kvctl.validate.readers.shell import (
     Command,
     Token,
@@ -192,11 +193,7 @@ def _container(kind: str, item: dict[str, Any], node: yaml.Node | None, path: st
             value_node = _mapping_children(entry_nodes[i]).get("value") if i < len(entry_nodes) else None
             env_lines[entry["name"]] = _content_line(value_node, lines, f"{path}.env[{i}].value")
             env_paths[f"{path}.env[{i}].value"] = entry["name"]
-    command = item.get("command")
-    image = str(item.get("image") or "")
-    runs_vllm = ("vllm" in " ".join(map(str, command)) if isinstance(command, list) else
-                 command is None and bool(re.search(r"(^|/)vllm(-openai)?(:|@|$)|vllm/vllm-openai", image)))
-    return _Container(label, path, env, env_lines, env_paths, runs_vllm)
+    return _Container(label, path, env, env_lines, env_paths, runs_vllm(item.get("command"), item.get("image")))
 
 
 def _compose_service(name: str, service: dict[str, Any], path: str, lines: SourceLines) -> _Container:
@@ -212,10 +209,8 @@ def _compose_service(name: str, service: dict[str, Any], path: str, lines: Sourc
         env[str(key)] = "" if value is None else str(value)
         where = f"{path}.environment.{key}" if isinstance(environment, dict) else f"{path}.environment[{index}]"
         env_lines[str(key)] = lines.get(where, lines.get(path, 1))
-    entrypoint = service.get("entrypoint")
-    runs_vllm = ("vllm" in str(entrypoint)) if entrypoint is not None else \
-        bool(re.search(r"(^|/)vllm(-openai)?(:|@|$)|vllm/vllm-openai", str(service.get("image") or "")))
-    return _Container(f"service '{name}'", path, env, env_lines, {}, runs_vllm)
+    return _Container(f"service '{name}'", path, env, env_lines, {},
+                      runs_vllm(service.get("entrypoint"), service.get("image")))
 
 
 def _embedded_config(path: str, value: str, node: yaml.Node | None, lines: SourceLines, found: Found,

@@ -46,7 +46,7 @@ def read(path: Path) -> Found:
         return Found("dockerfile", *read_dockerfile(text, str(path)))
     suffix = _suffix(path)
     if suffix == ".env" or path.name == ".env":  # docker --env-file, systemd EnvironmentFile
-        return _env_file(path)
+        return _env_file(path, text)
     if suffix != path.suffix.lower() and is_templated(text):  # launch.sh.j2: every branch read
         return _template(text, path, suffix)
     return _read_text(text, path, suffix)
@@ -103,13 +103,13 @@ def _template(text: str, path: Path, suffix: str) -> Found:
     return Found(*read_template(text, one))
 
 
-def _env_file(path: Path) -> Found:
+def _env_file(path: Path, text: str) -> Found:
     """KEY=value lines: the servers' environment, and any config a value holds (a kv_transfer_config
     JSON meant for --kv-transfer-config "$VAR"), each with that environment."""
     from kvctl.validate.readers.env_file import read_env_file
     from kvctl.validate.readers.shell import config_in_text
 
-    env, lines = read_env_file(path)
+    env, lines = read_env_file(path, text=text)
     held = [config_in_text(value, str(path), lines[f"env.{key}"]) for key, value in env.items()]
     artifacts = [replace(a, env=env, lines=SourceLines(str(path), {**lines, **a.lines}),
                          origin=f"variable {key} (line {lines[f'env.{key}']})")

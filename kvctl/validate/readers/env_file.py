@@ -13,9 +13,10 @@ from kvctl.validate.readers.documents import read_text
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def read_env_file(path: Path, where: str = "env") -> tuple[dict[str, str], SourceLines]:
-    """Parse `export KEY='value'` lines (shell quoting) into a dict and the line of each key."""
-    text = read_text(path)
+def read_env_file(path: Path, where: str = "env", text: str | None = None) -> tuple[dict[str, str], SourceLines]:
+    """Parse `export KEY='value'` lines (shell quoting) into a dict and the line of each key
+    (`text`: the file's, when the caller has read it already)."""
+    text = read_text(path) if text is None else text
     env: dict[str, str] = {}
     lines = SourceLines(str(path))
     for number, line in enumerate(text.splitlines(), start=1):

@@ -329,7 +329,12 @@ def _interval_at(rows: list[dict[str, Any]], v: Version, exact: bool = False) ->
 
 
 def _describe_interval(row: dict[str, Any]) -> str:
-    return f">= {row['since']}" if row.get("until") is None else f"{row['since']} to before {row['until']}"
+    return describe_interval(row["since"], row.get("until"))
+
+
+def describe_interval(since: str, until: str | None) -> str:
+    """'>= 0.22.0' or '0.13.0 to before 0.20.0', as messages name a span of releases."""
+    return f">= {since}" if until is None else f"{since} to before {until}"
 
 
 def _where(row: dict[str, Any]) -> str:

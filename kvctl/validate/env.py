@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 
 from packaging.version import Version
 
+from kvctl.facts.capabilities import describe_interval
 from kvctl.facts.versions import release
 from kvctl.validate.model import Collector, Problem, join
 
@@ -120,7 +121,7 @@ def _unread_name(name: str, value: str, v: Version) -> tuple[str, str]:
         fix = f"did you mean {close}? set {close}={value} instead" if close else \
             f"remove {name} (vLLM {v}'s vllm/envs.py defines no such name)"
         return f"vLLM {v} does not read {name}: no release kvctl knows defines it", fix
-    read = ", ".join(f"{since} to before {until}" if until else f">= {since}" for since, until in spans)
+    read = ", ".join(describe_interval(since, until) for since, until in spans)
     since = spans[0][0]
     if Version(since) > _release(v):
         return (f"vLLM {v} does not read {name} (read in {read})",

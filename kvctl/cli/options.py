@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
@@ -68,3 +71,44 @@ StateDirOpt = Annotated[
     Optional[str],
     typer.Option("--state-dir", metavar="DIR", help="Where run folders live (default: $KVCTL_STATE_DIR, else the user state dir)."),
 ]
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    plain = "plain"
+    wide = "wide"
+    json = "json"
+
+
+OutputOpt = Annotated[
+    Optional[OutputFormat],
+    typer.Option("--output", "-o", metavar="FORMAT", show_default=False, case_sensitive=False,
+                 help="table (Rich boxes: a terminal's default), plain (aligned columns, no box lines: the "
+                      "default when piped), wide (every column, also those left out to fit 80 columns) or "
+                      "json (the same as --json)."),
+]
+NoHeadersOpt = Annotated[
+    bool, typer.Option("--no-headers", help="Print tables without their header row and title (for awk, cut).")
+]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def output_options(func: F) -> F:
+    """Apply a command's -o/--no-headers (OutputOpt, NoHeadersOpt, as output_format and no_headers):
+    -o json sets json_out, as --json does (errors print JSON too); the table formats go to
+    kvctl.cli.output for the tables the command prints. Put it above @handle_errors."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kvctl.cli import output
+
+        name = getattr(kwargs.get("output_format"), "value", None)
+        if name == "json":
+            kwargs["json_out"] = True
+        output.use_format(None if name in (None, "json") else name, not kwargs.get("no_headers", False))
+        try:
+            return func(*args, **kwargs)
+        finally:
+            output.use_format(None)  # in-process callers (tests, the API) start from the default
+
+    return wrapper  # type: ignore[return-value]

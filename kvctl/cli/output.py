@@ -1,17 +1,29 @@
-"""Terminal output: Rich consoles, JSON, tables. Commands print only through here."""
+"""Terminal output: Rich consoles, JSON, tables. Commands print only through here.
+
+Tables print in one of four formats (-o, kvctl.cli.options.OutputOpt): `table` (Rich boxes, what a
+terminal gets), `plain` (aligned columns without box drawing, a header row unless --no-headers: what a
+pipe gets, as `docker ps` and `kubectl get` print), `wide` (every column, also those a table leaves
+out to fit 80 columns) and `json` (the same as --json).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
+
+FORMATS = ("table", "plain", "wide", "json")
+PLAIN_GAP = "   "  # between plain columns, as docker and kubectl space theirs (awk -F '  +' splits them)
 
 STATUS_STYLE = {
     "works": "green", "yes": "green", "ok": "green", "hard-reset": "bold green",
@@ -19,6 +31,36 @@ STATUS_STYLE = {
     "missing": "red", "no-hard-reset": "bold red", "error": "red", "unknown": "magenta",
     "not-applicable": "dim",
 }
+
+
+@dataclass
+class _Format:
+    name: str | None = None  # None: chosen by where stdout goes (a terminal: table, else plain)
+    headers: bool = True
+
+
+_FORMAT = _Format()
+
+
+def use_format(name: str | None, headers: bool = True) -> None:
+    """The format of the tables the running command prints (its -o and --no-headers)."""
+    assert name is None or name in FORMATS, name
+    _FORMAT.name, _FORMAT.headers = name, headers
+
+
+def wide() -> bool:
+    """-o wide: every column, also those left out to fit 80 columns."""
+    return _FORMAT.name == "wide"
+
+
+def piped() -> bool:
+    """stdout is no terminal and no $COLUMNS says how wide to be: a pipe, a file, a script."""
+    return not console().is_terminal and not os.environ.get("COLUMNS")
+
+
+def plain() -> bool:
+    """Tables print as plain columns: -o plain, or piped unless -o table asks for boxes."""
+    return _FORMAT.name == "plain" or (_FORMAT.name in (None, "wide") and piped())
 
 
 @lru_cache(maxsize=1)
@@ -51,19 +93,23 @@ def styled(value: str) -> str:
 
 
 class KvTable(Table):
-    """A Rich table whose title is printed as its own unwrapped line (titles hold run folders)."""
+    """A Rich table whose title is printed as its own unwrapped line (titles hold run folders), and
+    whose `wide_only` columns are printed with -o wide only."""
 
     heading: str | None = None
+    wide_only: frozenset[str] = frozenset()
 
 
-def table(*columns: str, title: str | None = None, wrap: Iterable[str] = ()) -> KvTable:
+def table(*columns: str, title: str | None = None, wrap: Iterable[str] = (), wide_only: Iterable[str] = (),
+          borders: bool = True) -> KvTable:
     """A table whose cells are never wrapped or folded, except in the columns named in `wrap`
-    (descriptions, details): names, URLs, paths and versions stay whole for grep and copy-paste."""
-    wrapping = set(wrap)
-    unknown = wrapping - set(columns)
-    assert not unknown, f"wrap names no column: {unknown}"
-    t = KvTable(header_style="bold")
-    t.heading = title
+    (descriptions, details): names, URLs, paths and versions stay whole for grep and copy-paste.
+    `wide_only`: columns left out (to fit 80 columns) unless -o wide; borders=False: no box lines."""
+    wrapping, hidden = set(wrap), frozenset(wide_only)
+    unknown = (wrapping | hidden) - set(columns)
+    assert not unknown, f"wrap/wide_only names no column: {unknown}"
+    t = KvTable(header_style="bold", **({} if borders else {"box": None, "pad_edge": False}))
+    t.heading, t.wide_only = title, hidden
     for col in columns:
         if col in wrapping:
             t.add_column(col, overflow="fold")
@@ -72,29 +118,67 @@ def table(*columns: str, title: str | None = None, wrap: Iterable[str] = ()) -> 
     return t
 
 
+def _narrowed(t: KvTable) -> KvTable:
+    """`t` without its wide-only columns (a copy: the caller's table is left as it was)."""
+    keep = [c for c in t.columns if str(c.header) not in t.wide_only]
+    narrow = KvTable(header_style=t.header_style, box=t.box, pad_edge=t.pad_edge)
+    narrow.heading = t.heading
+    for c in keep:
+        narrow.add_column(c.header, no_wrap=c.no_wrap, overflow=c.overflow)
+    for row in zip(*(list(c.cells) for c in keep)):
+        narrow.add_row(*row)
+    return narrow
+
+
+def plain_lines(t: Table, headers: bool = True) -> list[str]:
+    """The table as aligned plain columns: no markup, no box drawing, one line per row (a cell's
+    lines joined by '; '), '-' for an empty cell so that every row has as many fields."""
+    def text(cell: Any) -> str:
+        flat = cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+        return "; ".join(part.strip() for part in flat.splitlines() if part.strip()) or "-"
+
+    rows = [[text(c) for c in column.cells] for column in t.columns]
+    grid = [list(r) for r in zip(*rows)]
+    if headers:
+        grid.insert(0, [text(c.header).upper() for c in t.columns])
+    if not grid:
+        return []
+    widths = [max(cell_len(row[i]) for row in grid) for i in range(len(t.columns))]
+    return [PLAIN_GAP.join(cell + " " * (w - cell_len(cell)) for cell, w in zip(row, widths)).rstrip()
+            for row in grid]
+
+
 def _table_width(con: Console, t: Table) -> int:
     """Width to render `t` at: the terminal's (or $COLUMNS) when every unwrapped cell fits whole in
     it, else wider (the line runs past the edge rather than break a name); when piped with no
-    $COLUMNS, the table's natural width, so nothing wraps at all."""
+    $COLUMNS, or with -o wide, the table's natural width, so nothing wraps at all."""
     wide = con.options.update_width(1_000_000)
     for column in t.columns:
         if column.no_wrap:  # Rich measures a cell's minimum as its longest word: make it the whole cell
             cells = [column.header, *column.cells]
             column.min_width = max(Measurement.get(con, wide, c).maximum for c in cells)
     measured = Measurement.get(con, wide, t)
-    if not con.is_terminal and not os.environ.get("COLUMNS"):
+    if piped() or wide():
         return max(measured.maximum, 1)
     return max(con.width, measured.minimum)
 
 
 def show(renderable: Any, *, soft_wrap: bool = False) -> None:
-    """Print markup or a table; soft_wrap=True for a line that must not be broken (a command)."""
+    """Print markup or a table; soft_wrap=True for a line that must not be broken (a command).
+    Piped, no line is wrapped (a path or a word broken across lines defeats grep)."""
     con = console()
     if not isinstance(renderable, Table):
-        con.print(renderable, soft_wrap=soft_wrap)
+        con.print(renderable, soft_wrap=soft_wrap or piped())
         return
+    if isinstance(renderable, KvTable) and renderable.wide_only and not wide():
+        renderable = _narrowed(renderable)
+    if plain():  # no title line: the header row comes first (or the first row, with --no-headers)
+        for line in plain_lines(renderable, _FORMAT.headers):
+            con.file.write(line + "\n")
+        return
+    renderable.show_header = _FORMAT.headers
     heading = getattr(renderable, "heading", None)
-    if heading:
+    if heading and _FORMAT.headers:
         con.print(f"[bold]{escape(heading)}[/]", soft_wrap=True)
     width = _table_width(con, renderable)
     saved = con.width

@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from kvctl.cli.completion import run_names
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import JsonOpt, RayOpt, StateDirOpt
+from kvctl.cli.options import JsonOpt, NoHeadersOpt, OutputOpt, RayOpt, StateDirOpt, output_options
+from kvctl.errors import UsageError
 
 if TYPE_CHECKING:
     from kvctl.serve.runs import RunSummary
 
+RUN_STATES = ("running", "starting", "exited", "failed", "stopped", "unreadable")  # kvctl.serve.runs.RunSummary
 STATE_STYLE = {"running": "green", "starting": "yellow", "exited": "bold red", "failed": "red",
                "stopped": "dim", "unreadable": "magenta"}
 LEGEND = {
@@ -24,45 +26,71 @@ LEGEND = {
 RAY_LEGEND = "on Ray: a run on the Ray cluster at {address}, state as recorded; kvctl runs --ray {address} checks it"
 
 
+@output_options
 @handle_errors
-def runs_list(ray: RayOpt = None, state_dir: StateDirOpt = None, json_out: JsonOpt = False) -> None:
+def runs_list(
+    ray: RayOpt = None,
+    state_dir: StateDirOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print run names only, one a line, newest first (as docker ps -q).")] = False,
+    states: Annotated[Optional[list[str]], typer.Option("--state", metavar="STATE", help=f"Only runs in this state (repeatable): {', '.join(RUN_STATES)}.")] = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
     """List the runs kvctl serve recorded, stopped ones included (like docker ps -a), newest first.
 
-    Columns: name, state, age, replicas, master, model, cache_prefix. The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --name NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME. With --ray ADDRESS: the runs that Ray cluster records (kvctl serve --ray), each checked by its actors; without it a Ray run is listed as recorded, unchecked.
+    Columns: name, state, age, replicas, model (-o wide adds master and cache_prefix). The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --name NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME. With --ray ADDRESS: the runs that Ray cluster records (kvctl serve --ray), each checked by its actors; without it a Ray run is listed as recorded, unchecked. Piped, the table prints as plain columns; -q prints names only (kvctl rm $(kvctl runs -q --state exited)).
     """
     from kvctl.cli import output
     from kvctl.serve import runs
 
+    wanted = _states(states)
+    if quiet and json_out:
+        raise UsageError("give -q or --json (-o json), not both", "-q prints names only; --json every field")
     if ray is not None:
         from kvctl.serve import ray_fleet
 
         gcs, found = ray_fleet.summaries(ray, state_dir)
-        where = f"the Ray cluster at {gcs}"
-        if json_out:
-            output.print_json({"ray": gcs, "runs": [s.to_dict() for s in found]})
-            return
+        where, key, value = f"the Ray cluster at {gcs}", "ray", gcs
     else:
         found = runs.summaries(state_dir)
         where = str(runs.runs_dir(state_dir))
-        if json_out:
-            output.print_json({"runs_dir": where, "runs": [s.to_dict() for s in found]})
-            return
+        key, value = "runs_dir", where
+    found = [s for s in found if wanted is None or s.state in wanted]
+    if json_out:
+        output.print_json({key: value, "runs": [s.to_dict() for s in found]})
+        return
+    if quiet:
+        output.print_text("".join(f"{s.name}\n" for s in found))
+        return
     if not found:
-        output.show(f"no runs in {_escape(where)} (start one with kvctl serve)")
+        which = "" if wanted is None else " " + " or ".join(sorted(wanted))
+        output.show(f"no{which} runs in {_escape(where)} (start one with kvctl serve)")
         return
     show_runs(found, where)
+
+
+def _states(states: list[str] | None) -> set[str] | None:
+    """The --state filter, checked: a misspelt state would list nothing and look like no runs."""
+    if not states:
+        return None
+    wanted = {s.strip().lower() for s in states}
+    unknown = sorted(wanted - set(RUN_STATES))
+    if unknown:
+        raise UsageError(f"--state {unknown[0]}: not a run state", f"give one of: {', '.join(RUN_STATES)}")
+    return wanted
 
 
 def show_runs(found: list[RunSummary], where: Path | str) -> None:
     """The runs table (also what kvctl status shows when it has nothing to look at)."""
     from kvctl.cli import output
 
-    table = output.table("name", "state", "age", "replicas", "master", "model", "cache_prefix",
-                         title=f"runs in {where}")
+    table = output.table("name", "state", "age", "replicas", "model", "master", "cache_prefix",
+                         title=f"runs in {where}", wide_only=("master", "cache_prefix"))  # 80 columns
     for s in found:
         style = STATE_STYLE.get(s.state, "")
         table.add_row(_escape(s.name), f"[{style}]{_escape(s.state)}[/]" if style else _escape(s.state), s.age,
-                      _replicas_cell(s), _escape(_master_cell(s)), _escape(s.model or "?"),
+                      _replicas_cell(s), _escape(s.model or "?"), _escape(_master_cell(s)),
                       _escape(s.cache_prefix or "-"))
     output.show(table)
     for state in sorted({s.state for s in found} & LEGEND.keys()):

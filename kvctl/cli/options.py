@@ -60,6 +60,28 @@ RayOpt = Annotated[
 ]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", autocompletion=run_names, show_default=False,
                                        help="A run's name (see: kvctl runs).")]
+# the run a fleet command targets, positionally as docker and kubectl name things (kvctl stop rl);
+# --run NAME (RunOpt) stays for scripts: one_run() takes either, or both when they agree
+RunPosArg = Annotated[
+    Optional[str],
+    typer.Argument(metavar="[RUN]", autocompletion=run_names, show_default=False,
+                   help="A fleet started by kvctl serve (see: kvctl runs); the same as --run RUN."),
+]
+RunsPosArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(metavar="[RUN]...", autocompletion=run_names, show_default=False,
+                   help="Runs started by kvctl serve (see: kvctl runs); one is the same as --run RUN."),
+]
+
+
+def one_run(positional: str | None, option: str | None, command: str) -> str | None:
+    """The run named positionally (kvctl reset rl) or by --run (kvctl reset --run rl); both: the same one."""
+    if positional is not None and option is not None and positional != option:
+        from kvctl.errors import UsageError
+
+        raise UsageError(f"kvctl {command}: two runs named, {positional!r} and --run {option!r}",
+                         f"name one run, once: kvctl {command} {positional} (RUN and --run RUN are the same)")
+    return positional if positional is not None else option
 TemplateArg = Annotated[str, typer.Argument(metavar="NAME", autocompletion=template_names, show_default=False,
                                             help="Template name (see: kvctl config list).")]
 TemplateOpt = Annotated[

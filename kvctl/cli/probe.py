@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import finish_with_receipt, handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, RunOpt, StateDirOpt, UrlsOpt
+from kvctl.cli.options import InventoryOpt, JsonOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt, UrlsOpt, one_run
 from kvctl.errors import UsageError
 
 PromptsOpt = Annotated[
@@ -19,6 +19,7 @@ PromptsOpt = Annotated[
 
 @handle_errors
 def probe(
+    run_arg: RunPosArg = None,
     run: RunOpt = None,
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
@@ -26,6 +27,7 @@ def probe(
     max_tokens: Annotated[int, typer.Option("--max-tokens", metavar="N", help="Greedy tokens compared per prompt.")] = 4,
     tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="X", help="Largest log-probability difference still a match, for every replica. Default: each replica's own, from its dtype (GET /server_info): 1e-3 in float32, 0.25 in bfloat16/float16 or when the dtype is unknown (docs/reset.md).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-request timeout in seconds.")] = 120.0,
+    ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -36,9 +38,10 @@ def probe(
     from kvctl.reset.probe import ProbeOptions, load_prompts, probe_fleet
     from kvctl.targets import build_fleet
 
+    run = one_run(run_arg, run, "probe")
     if max_tokens < 1 or not timeout > 0 or (tolerance is not None and not tolerance >= 0):
         raise UsageError("--max-tokens must be >= 1, --timeout > 0 and --tolerance >= 0")
-    fleet = build_fleet(url, inventory, None, run=run, state_dir=state_dir)
+    fleet = build_fleet(url, inventory, None, run=run, state_dir=state_dir, ray=ray)
     texts = load_prompts(prompts) if prompts else None
     options = ProbeOptions(max_tokens=max_tokens, timeout=timeout, tolerance=tolerance)
     # SIGINT, SIGTERM and SIGHUP end the probe alike: a message and 128 + the signal (it changes nothing)

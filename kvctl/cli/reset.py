@@ -8,7 +8,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import finish_with_receipt, handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, StateDirOpt, UrlsOpt
+from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt,
+                               UrlsOpt, one_run)
 from kvctl.errors import UsageError
 
 OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache", "mm cache"),
@@ -17,6 +18,7 @@ OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache",
 
 @handle_errors
 def reset(
+    run_arg: RunPosArg = None,
     run: RunOpt = None,
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
@@ -48,6 +50,7 @@ def reset(
     from kvctl.reset.plan import ResetOptions
     from kvctl.targets import build_fleet
 
+    run = one_run(run_arg, run, "reset")
     if probe_prompts is not None and not verify:
         raise UsageError("--probe-prompts checks the reset by content: it needs --verify",
                          "add --verify (or run kvctl probe on its own)")

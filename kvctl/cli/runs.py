@@ -39,7 +39,7 @@ def runs_list(
 ) -> None:
     """List the runs kvctl serve recorded, stopped ones included (like docker ps -a), newest first.
 
-    Columns: name, state, age, replicas, model (-o wide adds master and cache_prefix). The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --name NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME. With --ray ADDRESS: the runs that Ray cluster records (kvctl serve --ray), each checked by its actors; without it a Ray run is listed as recorded, unchecked. Piped, the table prints as plain columns; -q prints names only (kvctl rm $(kvctl runs -q --state exited)).
+    Columns: name, state, age, replicas, model (-o wide adds master and cache_prefix). The state is the recorded one checked against the processes (pid and start time): a run recorded as running whose processes are all gone shows as exited. Reuse a name that is not running with kvctl serve --run NAME (its files move to NAME/previous/); remove a run with kvctl rm NAME. With --ray ADDRESS: the runs that Ray cluster records (kvctl serve --ray), each checked by its actors; without it a Ray run is listed as recorded, unchecked. Piped, the table prints as plain columns; -q prints names only (kvctl rm $(kvctl runs -q --state exited)).
     """
     from kvctl.cli import output
     from kvctl.serve import runs
@@ -126,7 +126,7 @@ def rm(
 ) -> None:
     """Remove runs that are not running (like docker rm): each run's folder, with its logs, config and earlier runs.
 
-    A running run is refused (stop it first with kvctl stop --run NAME, or pass --force). All or nothing: an unknown name or a refused run removes none (exit 2). Only folders inside the state dir's runs/ folder are removed, never what a link points to. A Ray run's record in its cluster goes too; with --ray ADDRESS, the runs that cluster records (and their local folders, if they were started from here).
+    A running run is refused (stop it first with kvctl stop NAME, or pass --force). All or nothing: an unknown name or a refused run removes none (exit 2). Only folders inside the state dir's runs/ folder are removed, never what a link points to. A Ray run's record in its cluster goes too; with --ray ADDRESS, the runs that cluster records (and their local folders, if they were started from here).
     """
     from kvctl.cli import output
 

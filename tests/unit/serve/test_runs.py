@@ -310,7 +310,7 @@ def test_serve_refuses_a_live_name_and_replace_takes_it(cli, tmp_path: Path, sle
     assert (previous / "logs" / "r0.log").exists()
 
     no_name = cli("serve", str(tmp_path / "model"), "--replace", "--state-dir", str(tmp_path))
-    assert no_name.exit_code == 2 and "--replace needs --name" in no_name.stderr
+    assert no_name.exit_code == 2 and "--replace needs --run NAME" in no_name.stderr
 
 
 # -- kvctl rm ---------------------------------------------------------------------------------------

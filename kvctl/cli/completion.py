@@ -1,11 +1,18 @@
-"""Shell completion of template and run names (`kvctl --install-completion`).
+"""Shell completion (`kvctl --install-completion`): template and run names, a run's processes,
+--set KEY= from the chosen template, --url from recorded runs.
 
-Completion runs kvctl once per <TAB>: these read folder listings only (no YAML parsed, no run
-record opened) and never raise, so a broken template path or state dir completes nothing
+Completion runs kvctl once per <TAB>: these read the least they can (folder listings; one run.json
+for a run's processes; one template's YAML for --set; the run.json files, nothing else, for --url),
+start no process check, and never raise, so a broken template path or state dir completes nothing
 instead of printing a traceback into the user's prompt.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
 
 
 def template_names(incomplete: str) -> list[str]:
@@ -26,3 +33,72 @@ def run_names(incomplete: str) -> list[str]:
         return [name for name in names if name.startswith(incomplete)]
     except Exception:  # noqa: BLE001
         return []
+
+
+def replica_names(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The processes of the run named before it (kvctl logs RUN <TAB>): r0, r1, ..., master."""
+    try:
+        from kvctl.serve.logs import MASTER
+        from kvctl.serve.runs import RUN_FILE, runs_dir
+
+        run = ctx.params.get("run")
+        if not run:
+            return []
+        data = json.loads((runs_dir(ctx.params.get("state_dir")) / run / RUN_FILE).read_text("utf-8"))
+        names = [r["name"] for r in data.get("replicas") or []]
+        if (data.get("master") or {}).get("embedded"):
+            names.append(MASTER)
+        return [n for n in names if isinstance(n, str) and n.startswith(incomplete)]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def set_keys(ctx: typer.Context, incomplete: str) -> list[str]:
+    """KEY= of the chosen template's parameters (--template, config render's NAME, else the command's
+    default template); after KEY=, a choice or bool parameter's values."""
+    try:
+        from kvctl.config.templates import load
+
+        name = ctx.params.get("template") or ctx.params.get("name") or _default(ctx, "template")
+        if not name:
+            return []
+        params = load(name, ctx.params.get("template_path")).parameters
+        key, eq, value = incomplete.partition("=")
+        if not eq:
+            return [f"{k}=" for k in params if k.startswith(incomplete)]
+        param = params.get(key)
+        values = list(param.choices) if param and param.type == "choice" else ["true", "false"] \
+            if param and param.type == "bool" else []
+        return [f"{key}={v}" for v in values if v.startswith(value)]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def replica_urls(incomplete: str) -> list[str]:
+    """The replica URLs of runs recorded as starting or running (kvctl runs checks which still live);
+    typed without a scheme (host:port), they complete without one."""
+    try:
+        from kvctl.serve.runs import LIVE_STATES, RUN_FILE, runs_dir
+
+        base = runs_dir()
+        urls: list[str] = []
+        for path in sorted(base.glob(f"*/{RUN_FILE}")) if base.is_dir() else ():
+            try:
+                data = json.loads(path.read_text("utf-8"))
+            except (OSError, ValueError):
+                continue
+            if data.get("state") in LIVE_STATES:
+                urls += [r["url"] for r in data.get("replicas") or [] if isinstance(r.get("url"), str)]
+        schemes = ("http://", "https://")
+        plain = bool(incomplete) and not any(s.startswith(incomplete) or incomplete.startswith(s) for s in schemes)
+        offered = [u.split("://", 1)[-1] if plain else u for u in urls]
+        return [u for u in dict.fromkeys(offered) if u.startswith(incomplete)]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _default(ctx: typer.Context, param: str) -> Any:
+    for p in ctx.command.params:
+        if p.name == param:
+            return p.default
+    return None

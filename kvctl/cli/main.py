@@ -11,11 +11,13 @@ from kvctl._version import __version__
 from kvctl.cli import compat, config, weights
 from kvctl.cli.coercion import install as install_coercion
 from kvctl.cli.doctor import doctor
+from kvctl.cli.logs import logs
 from kvctl.cli.probe import probe
 from kvctl.cli.reset import reset
 from kvctl.cli.runs import rm, runs_list
 from kvctl.cli.serve import serve, stop
 from kvctl.cli.status import status
+from kvctl.cli.version import version
 
 # Typer >= 0.26 would import pydantic (~0.1 s, half of a command's start-up) to turn "8" into 8:
 # kvctl's plain option types are coerced without it; anything else still goes through Typer's own.
@@ -40,6 +42,8 @@ app.command("runs")(runs_list)
 app.command("rm")(rm)
 app.command("status")(status)
 app.command("doctor")(doctor)
+app.command("logs")(logs)
+app.command("version")(version)
 
 
 def _version_callback(value: bool) -> None:

@@ -10,7 +10,8 @@ import typer
 
 from kvctl.cli.completion import template_names
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
-from kvctl.cli.options import JsonOpt, TemplatePathOpt, TimeoutOpt, UrlOpt, VllmVersionOpt
+from kvctl.cli.options import (JsonOpt, NoHeadersOpt, OutputOpt, TemplatePathOpt, TimeoutOpt, UrlOpt, VllmVersionOpt,
+                               output_options)
 from kvctl.errors import UsageError
 
 app = typer.Typer(help="Which reset operations work on a vLLM version, and the versions x capabilities matrix.",
@@ -22,6 +23,7 @@ class Requirement(str, Enum):
 
 
 @app.command("check")
+@output_options
 @handle_errors
 def check(
     vllm_version: VllmVersionOpt = None,
@@ -37,6 +39,8 @@ def check(
                                 "the store directly when the connector cannot.")] = False,
     template_path: TemplatePathOpt = None,
     timeout: TimeoutOpt = 10.0,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Each reset operation as works / silent no-op / missing on one version, and a verdict.
@@ -136,12 +140,20 @@ def _print(report: Any, require: Requirement | None, with_master: bool, met: boo
 
 
 @app.command("matrix")
+@output_options
 @handle_errors
 def matrix(
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the Markdown table of docs/compat.md.")] = False,
 ) -> None:
-    """vLLM versions x capabilities, from kvctl's capability table."""
+    """Each capability and the vLLM releases that have it, from kvctl's capability table.
+
+    -o wide: the whole versions x capabilities grid (one column per release, about 250 columns).
+    """
+    from rich.markup import escape
+
     from kvctl.cli import output
     from kvctl.facts import compat
 
@@ -150,7 +162,25 @@ def matrix(
     if markdown:
         return output.print_text(compat.matrix_markdown())
     data = compat.matrix()
+    if not output.wide():  # one column per release is ~250 wide: the span of releases fits 80 columns
+        table = output.table("capability", "vLLM releases", wrap=("capability",))
+        for row in data["rows"]:
+            table.add_row(escape(row["title"]), escape(_releases(row["since"], row["until"])))
+        output.show(table)
+        output.show("[dim]every release as a column: kvctl compat matrix -o wide[/]")
+        return
     table = output.table("capability", *data["versions"])
     for row in data["rows"]:
         table.add_row(row["title"], *("[green]yes[/]" if row["cells"][v] else "[dim]-[/]" for v in data["versions"]))
     output.show(table)
+
+
+def _releases(since: str | None, until: str | None) -> str:
+    """'>= 0.16.0', '0.13.0 to before 0.20.0', 'all supported' (compat.md's words for no bound), 'none'."""
+    from kvctl.facts.capabilities import describe_interval
+
+    if since == "never":  # a connector whose reset never clears its store
+        return "none"
+    if since is None:
+        return "all supported" if until is None else f"before {until}"
+    return describe_interval(since, until)

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
-from kvctl.cli.options import FileArg, JsonOpt, SetOpt, TemplateArg, TemplatePathOpt, VllmVersionOpt
+from kvctl.cli.options import (FileArg, JsonOpt, NoHeadersOpt, OutputOpt, SetOpt, TemplateArg, TemplatePathOpt,
+                               VllmVersionOpt, output_options)
 
 app = typer.Typer(help="Render and check kv_transfer_config, mooncake.json and server env from templates.",
                   no_args_is_help=True)
@@ -24,9 +25,11 @@ class Format(str, Enum):
 
 
 @app.command("list")
+@output_options
 @handle_errors
-def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = False) -> None:
-    """List templates: name, connectors, vLLM range, description."""
+def list_templates(template_path: TemplatePathOpt = None, output_format: OutputOpt = None,
+                   no_headers: NoHeadersOpt = False, json_out: JsonOpt = False) -> None:
+    """List templates: name, vLLM range, description (-o wide adds the connectors column)."""
     from rich.markup import escape
 
     from kvctl.cli import output
@@ -39,7 +42,9 @@ def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = Fa
     ]
     if json_out:
         return output.print_json(rows)
-    table = output.table("template", "connectors", "vLLM", "description", wrap=("connectors", "description"))
+    # the description names the connectors: their column (22 wide) is -o wide's, so 80 columns fit
+    table = output.table("template", "connectors", "vLLM", "description", wrap=("connectors", "description"),
+                         wide_only=("connectors",))
     for row in rows:
         name = escape(row["name"]) + ("" if row["origin"] == "built-in" else " [dim](user)[/]")
         table.add_row(name, escape(", ".join(row["connectors"])), escape(row["vllm"]), escape(row["description"]))
@@ -47,13 +52,16 @@ def list_templates(template_path: TemplatePathOpt = None, json_out: JsonOpt = Fa
 
 
 @app.command("show")
+@output_options
 @handle_errors
 def show_template(
     name: TemplateArg,
     template_path: TemplatePathOpt = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show a template's parameters (type, default, help), layout and notes."""
+    """Show a template's parameters (default, help with the type; -o wide: a type column), layout and notes."""
     from rich.markup import escape
 
     from kvctl.cli import output
@@ -68,11 +76,13 @@ def show_template(
                                   "parameters": params, "notes": list(t.notes)})
     output.show(f"[bold]{escape(t.name)}[/]  ({escape(t.origin)})\n{escape(t.description)}\n"
                 f"connectors: {escape(', '.join(t.connectors()))}   vLLM: {escape(_range(t))}")
-    table = output.table("parameter", "type", "default", "help", wrap=("help",))
+    # the type joins the help (a table of four columns is 101 wide); -o wide gives it its own column
+    table = output.table("parameter", "type", "default", "help", wrap=("help",), wide_only=("type",))
     for p in params:
         default = ("[dim](unset)[/]" if p["default"] is None
                    else escape(repr(p["default"]) if p["default"] == "" else str(p["default"])))
-        table.add_row(escape(p["name"]), escape(p["type"]), default, escape(p["help"]))
+        helptext = escape(p["help"]) if output.wide() else f"{escape(p['help'])} [dim]({escape(p['type'])})[/]"
+        table.add_row(escape(p["name"]), escape(p["type"]), default, helptext)
     output.show(table)
     for line in t.notes:
         output.show(f"[dim]note:[/] {escape(line)}")

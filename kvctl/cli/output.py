@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -75,12 +76,32 @@ def err_console() -> Console:
 
 def print_json(data: Any) -> None:
     """Machine output: plain JSON on stdout (no Rich markup or wrapping)."""
-    console().file.write(json.dumps(data, indent=2, default=str) + "\n")
+    _write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def print_text(text: str) -> None:
     """Raw text on stdout, byte for byte (rendered configs must stay pipeable)."""
-    console().file.write(text)
+    _write(text)
+
+
+def _write(text: str) -> None:
+    with _reader_gone():
+        console().file.write(text)
+        console().file.flush()
+
+
+@contextmanager
+def _reader_gone() -> Iterator[None]:
+    """`kvctl ... | head` closes the pipe early: stop quietly as other CLIs do (exit 141, 128 + SIGPIPE),
+    not with an internal error; later writes (Python's own flush at exit) go to /dev/null."""
+    try:
+        yield
+    except BrokenPipeError:
+        import typer
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, console().file.fileno())
+        raise typer.Exit(141) from None
 
 
 def note(message: str) -> None:
@@ -152,12 +173,12 @@ def _table_width(con: Console, t: Table) -> int:
     """Width to render `t` at: the terminal's (or $COLUMNS) when every unwrapped cell fits whole in
     it, else wider (the line runs past the edge rather than break a name); when piped with no
     $COLUMNS, or with -o wide, the table's natural width, so nothing wraps at all."""
-    wide = con.options.update_width(1_000_000)
+    unbounded = con.options.update_width(1_000_000)
     for column in t.columns:
         if column.no_wrap:  # Rich measures a cell's minimum as its longest word: make it the whole cell
             cells = [column.header, *column.cells]
-            column.min_width = max(Measurement.get(con, wide, c).maximum for c in cells)
-    measured = Measurement.get(con, wide, t)
+            column.min_width = max(Measurement.get(con, unbounded, c).maximum for c in cells)
+    measured = Measurement.get(con, unbounded, t)
     if piped() or wide():
         return max(measured.maximum, 1)
     return max(con.width, measured.minimum)
@@ -167,14 +188,18 @@ def show(renderable: Any, *, soft_wrap: bool = False) -> None:
     """Print markup or a table; soft_wrap=True for a line that must not be broken (a command).
     Piped, no line is wrapped (a path or a word broken across lines defeats grep)."""
     con = console()
+    with _reader_gone():
+        _show(con, renderable, soft_wrap)
+
+
+def _show(con: Console, renderable: Any, soft_wrap: bool) -> None:
     if not isinstance(renderable, Table):
         con.print(renderable, soft_wrap=soft_wrap or piped())
         return
     if isinstance(renderable, KvTable) and renderable.wide_only and not wide():
         renderable = _narrowed(renderable)
     if plain():  # no title line: the header row comes first (or the first row, with --no-headers)
-        for line in plain_lines(renderable, _FORMAT.headers):
-            con.file.write(line + "\n")
+        con.file.write("".join(line + "\n" for line in plain_lines(renderable, _FORMAT.headers)))
         return
     renderable.show_header = _FORMAT.headers
     heading = getattr(renderable, "heading", None)

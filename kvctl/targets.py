@@ -3,8 +3,12 @@ resolver (`resolve_targets`) for every command (reset, status, probe, the Python
 
 Sources, merged in this order: `--run NAME` (a fleet started by `kvctl serve`; with `--ray ADDRESS`,
 as that Ray cluster records it), `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
-(comma- or space-separated) when neither is given, and `--master HOST:PORT` (overrides the
-inventory's master).
+(comma- or space-separated) when neither is given. The master: `--master HOST:PORT` (its admin/metrics
+HTTP port, as in every command) overrides the run's or the inventory's, env KVCTL_MASTER when none of
+them names one; `--master-rpc HOST:PORT` (its RPC port) likewise, env KVCTL_MASTER_RPC. Where a master
+is known without its RPC address, a live run of this machine whose master it is tells it (offline: its
+record); an RPC address given as --master that a live run records is swapped for that run's admin
+address, with a note. The plan asks the servers themselves for the rest (kvctl.reset.addresses).
 
 Inventory (YAML):
 
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
     from kvctl.serve.runs import RunRecord
 
 URLS_ENV = "KVCTL_URLS"
+MASTER_ENV = "KVCTL_MASTER"  # the master's admin/metrics HTTP address(es), as --master
+MASTER_RPC_ENV = "KVCTL_MASTER_RPC"  # its RPC address(es), as --master-rpc
 RUN_FILE_HINT = "run.json in its run folder"
 
 
@@ -65,6 +71,10 @@ class Fleet:
     # host:port of the masters' RPC ports, in the same order (or one for the group): Mooncake's store
     # client removes one deployment's keys through it (the admin HTTP API can only clear everything)
     master_rpcs: tuple[str, ...] = ()
+    # where each came from, for messages: "--master", "$KVCTL_MASTER", "--inventory FILE", "run NAME's record"
+    master_source: str | None = None
+    master_rpc_source: str | None = None
+    notes: tuple[str, ...] = ()  # what the resolver learned or changed (the plan repeats them)
 
     @property
     def master(self) -> str | None:
@@ -189,9 +199,11 @@ def default_name(url: str) -> str:
 
 def build_fleet(urls: list[str] | None = None, inventory: Path | None = None, master: str | None = None,
                 env: dict[str, str] | None = None, run: str | None = None,
-                state_dir: str | None = None, master_rpc: str | None = None, ray: str | None = None) -> Fleet:
+                state_dir: str | None = None, master_rpc: str | None = None, ray: str | None = None,
+                masters_from_env: bool = True) -> Fleet:
     """The fleet of `resolve_targets` (every command that acts on a fleet: reset, probe, the API)."""
-    return resolve_targets(run, urls, inventory, master, master_rpc, state_dir=state_dir, env=env, ray=ray).fleet
+    return resolve_targets(run, urls, inventory, master, master_rpc, state_dir=state_dir, env=env, ray=ray,
+                           masters_from_env=masters_from_env).fleet
 
 
 TARGET_HINT = (f"pass --run NAME (a fleet started by kvctl serve), --url URL (repeatable), "
@@ -201,11 +213,14 @@ TARGET_HINT = (f"pass --run NAME (a fleet started by kvctl serve), --url URL (re
 def resolve_targets(run: str | None = None, urls: list[str] | None = None, inventory: Path | None = None,
                     master: str | None = None, master_rpc: str | None = None, *,
                     state_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
-                    ray: str | None = None, default_to_live_run: bool = False) -> Targets:
+                    ray: str | None = None, default_to_live_run: bool = False,
+                    masters_from_env: bool = True) -> Targets:
     """The one resolver of every fleet command: merge the sources (see the module docstring) into a
     Fleet; UsageError when nothing is targeted or an entry is bad. With `ray` (a Ray cluster's
     address), --run names a run as that cluster records it. `default_to_live_run` (kvctl status):
-    with nothing named, the only live run in the state dir (NoTargets when there is none)."""
+    with nothing named, the only live run in the state dir (NoTargets when there is none).
+    `masters_from_env`: False for a command that never talks to the master (probe), so that
+    KVCTL_MASTER(_RPC) is not read there."""
     env = os.environ if env is None else env
     if ray is not None and run is None:
         raise UsageError("--ray needs --run NAME", f"the runs on that cluster: kvctl runs --ray {ray}")
@@ -219,6 +234,7 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
     cache_prefix = None
     inv_master: tuple[str, ...] = ()
     inv_rpc: tuple[str, ...] = ()
+    inv_source: str | None = None
     if record is not None:
         replicas += [Replica(r.url, r.name) for r in record.replicas]
         recorded = record.master
@@ -229,11 +245,13 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
         inv_rpc = (recorded.rpc_address,) if recorded and recorded.rpc_address and "://" not in recorded.rpc_address \
             else ()
         cache_prefix = check_cache_prefix(record.cache_prefix, f"run {record.name}'s record ({RUN_FILE_HINT})")
+        inv_source = f"run {record.name}'s record"
         sources.append(f"--run {record.name}")
     if inventory is not None:
         inv = load_inventory(inventory)
         replicas += inv.replicas
         inv_master, cache_prefix, inv_rpc = inv.master_group, inv.cache_prefix, inv.rpc_group
+        inv_source = f"--inventory {inventory}"
         sources.append(f"--inventory {inventory}")
     for i, url in enumerate(urls or []):
         u = normalize_url(url, f"--url #{i + 1}")
@@ -248,9 +266,67 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
     if not replicas:
         raise UsageError("no replicas to act on", TARGET_HINT)
     _check_unique(replicas)
-    masters = normalize_masters(master, "--master") if master else inv_master
-    rpcs = normalize_masters(master_rpc, "--master-rpc", "rpc") if master_rpc else inv_rpc
-    return Targets(_with_masters(Fleet(replicas, (), cache_prefix, sources), masters, rpcs, "--master-rpc"), record)
+    masters, master_src = _master_flag(master, "--master", "admin") or (inv_master, inv_source if inv_master else None)
+    if not masters and masters_from_env:
+        masters, master_src = _master_flag(env.get(MASTER_ENV), MASTER_ENV, "admin") or ((), None)
+    rpcs, rpc_src = _master_flag(master_rpc, "--master-rpc", "rpc") or (inv_rpc, inv_source if inv_rpc else None)
+    # KVCTL_MASTER_RPC pairs with a master named the same way (flag or env): a run's or an inventory's
+    # master has its own RPC address, and another one's would clear a different master
+    if not rpcs and masters_from_env and master_src in (None, "--master", MASTER_ENV):
+        rpcs, rpc_src = _master_flag(env.get(MASTER_RPC_ENV), MASTER_RPC_ENV, "rpc") or ((), None)
+    fleet = Fleet(replicas, (), cache_prefix, sources, master_source=master_src, master_rpc_source=rpc_src)
+    if masters and ray is None:
+        masters, rpcs, fleet = _ask_local_runs(masters, rpcs, fleet, state_dir)
+    return Targets(_with_masters(fleet, masters, rpcs, rpc_src or "--master-rpc"), record)
+
+
+def _master_flag(value: str | None, where: str, port_kind: str) -> tuple[tuple[str, ...], str] | None:
+    """A master address given by a flag or an env variable, normalized, with where it came from."""
+    if value is None or not value.strip():
+        return None
+    return normalize_masters(value, where, port_kind), where
+
+
+def _ask_local_runs(masters: tuple[str, ...], rpcs: tuple[str, ...], fleet: Fleet,
+                    state_dir: str | Path | None) -> tuple[tuple[str, ...], tuple[str, ...], Fleet]:
+    """What this machine's live runs record about a master given without its RPC address: a run
+    whose master has this admin address gives its RPC address; an RPC address given as --master that a
+    run records is swapped for that run's admin address (with a note). Records only: nothing is sent."""
+    from dataclasses import replace
+
+    from kvctl.errors import KvctlError
+    from kvctl.serve import procs, runs
+
+    if rpcs and fleet.master_source != "--master" and fleet.master_source != MASTER_ENV:
+        return masters, rpcs, fleet
+    try:
+        known = [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES and r.master is not None
+                 and r.master.admin_address and "://" not in r.master.rpc_address
+                 and (r.master.process is None or procs.is_ours(r.master.process))]
+    except (OSError, KvctlError):
+        return masters, rpcs, fleet
+    for r in known:
+        m = r.master
+        assert m is not None and m.admin_address
+        if masters == (m.rpc_address,) and m.admin_address != m.rpc_address:
+            note = (f"{fleet.master_source} {m.rpc_address} is the RPC port of run {r.name}'s master, not its "
+                    f"admin port: using its admin port {m.admin_address} ({RUN_FILE_HINT}); "
+                    f"say --master {m.admin_address} --master-rpc {m.rpc_address}")
+            fleet = replace(fleet, master_source=f"run {r.name}'s record", notes=fleet.notes + (note,))
+            masters = normalize_masters(m.admin_address, f"run {r.name}'s master")
+            if not rpcs:
+                rpcs, fleet = (m.rpc_address,), replace(fleet, master_rpc_source=f"run {r.name}'s record")
+            return masters, rpcs, fleet
+    if rpcs:
+        return masters, rpcs, fleet
+    for r in known:
+        m = r.master
+        assert m is not None and m.admin_address
+        if normalize_masters(m.admin_address, f"run {r.name}'s master") == masters:
+            note = f"the master's RPC address {m.rpc_address}: from run {r.name}'s record (its master)"
+            return masters, (m.rpc_address,), replace(fleet, master_rpc_source=f"run {r.name}'s record",
+                                                     notes=fleet.notes + (note,))
+    return masters, rpcs, fleet
 
 
 def _load_run(run: str, state_dir: str | Path | None, ray: str | None) -> RunRecord:

@@ -18,6 +18,7 @@ from kvctl.errors import UsageError
 from kvctl.facts.cache_prefix import SEPARATOR, cache_prefix_problem, cache_prefixes_in
 from kvctl.facts.capabilities import table
 from kvctl.facts.compat import cache_prefix_of, layout_of
+from kvctl.reset.addresses import check_addresses, named_master_rpc
 from kvctl.reset.leader import MasterChoice, MasterNode
 from kvctl.reset.scope import plan_scope
 from kvctl.targets import Fleet, Replica
@@ -105,6 +106,7 @@ class ReplicaPlan:
     ops: list[PlannedOp] = field(default_factory=list)
     store_cleared_by_vllm: bool | None = None  # None: no store to clear
     cache_prefix: str | None = None  # as the server's own kv_connector_extra_config says
+    master_rpc: str | None = None  # the master RPC address its served config names (kvctl.reset.addresses)
     local_only: str | None = None  # why reset_external is not sent (kvctl clears the store itself)
     error: str | None = None  # could not be planned (unreachable, dev mode off, ...)
     weights: WeightState | None = None  # /weight_info's version, /weight_checker's digest (with verify)
@@ -155,9 +157,12 @@ async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None 
         replicas = await asyncio.gather(*(one(r) for r in fleet.replicas))
         plan = Plan(options, list(replicas), fleet.master, fleet.cache_prefix, master_rpc=fleet.master_rpc,
                     master_group=list(fleet.master_group), master_rpc_group=list(fleet.rpc_group))
-        choice = await _plan_leader(plan, shared) if plan.master_group else None
+        wrong = await check_addresses(plan, fleet, shared)  # a port given for the other: refused below
+        choice = await _plan_leader(plan, shared) if plan.master_group and not wrong else None
     _plan_master(plan)
     plan_weights(plan)
+    if wrong:
+        plan.error, plan.hint = wrong
     if choice is not None and choice.error and uses_master(plan):  # the first thing to fix: said first
         plan.error = f"no Mooncake master to use: {choice.error}" + (f"; also: {plan.error}" if plan.error else "")
         plan.hint = choice.hint
@@ -172,7 +177,9 @@ async def _plan_leader(plan: Plan, http: HttpPool) -> MasterChoice:
     choice = await choose(tuple(plan.master_group), tuple(plan.master_rpc_group), plan.options.timeout, http)
     plan.master_nodes, plan.master_ha = choice.nodes, choice.ha
     if choice.address is not None:
-        plan.master, plan.master_rpc, plan.master_rpc_source = choice.address, choice.rpc, choice.rpc_source
+        given = plan.master_rpc_source  # where a given RPC address came from says more than "given"
+        plan.master, plan.master_rpc = choice.address, choice.rpc
+        plan.master_rpc_source = given if choice.rpc_source == "given" and given else choice.rpc_source
         if len(plan.master_group) > 1 or choice.ha:
             plan.notes.append(f"Mooncake master {choice.address} leads; RPC "
                               f"{choice.rpc or 'unknown'}" + (f" ({choice.rpc_source})" if choice.rpc_source else ""))
@@ -220,6 +227,7 @@ async def _learn_layout(client: VllmClient, replica: Replica, version: Version, 
         try:
             config = await client.kv_transfer_config()
             served, served_prefix = layout_of(config), cache_prefix_of(config)
+            rp.master_rpc = named_master_rpc(config)
             unusable = _unusable_served_prefix(config)
             if unusable:
                 rp.error = unusable
@@ -327,8 +335,7 @@ def _plan_master(plan: Plan) -> None:
     if plan.error is None and plan.options.verify and plan.master is None \
             and any(r.has_store or r.layout is None for r in planned):
         plan.error = "--verify needs the Mooncake master to count its keys, and no master is known"
-        plan.hint = ("pass --master HOST:PORT (the master's admin/metrics port; master= in Python) or put master: "
-                     "in the inventory")
+        plan.hint = "pass --master HOST:PORT (the master's admin/metrics port) or put master: in the inventory"
 
 
 def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
@@ -381,10 +388,11 @@ def _check_scoped_clear(plan: Plan) -> None:
 
     if plan.master_rpc is None:
         plan.error = (f"clearing only this deployment's keys ('{plan.cache_prefix}@...') needs the master's "
-                      "RPC port, and none is known")
-        plan.hint = ("pass --master-rpc HOST:PORT (master_rpc= in Python, master_rpc: in the inventory), or "
-                     "--whole-master (whole_master=True) to "
-                     "clear every deployment's keys")
+                      "RPC port, and none is known (no --master-rpc, no run record of this master, and the "
+                      "replicas' /server_info names none)")
+        plan.hint = ("pass --master-rpc HOST:PORT, the master's RPC port (mooncake_master --rpc_port, default "
+                     "50051; or set KVCTL_MASTER_RPC, or master_rpc: in the inventory), or --whole-master to clear "
+                     "every deployment's keys")
     elif not store_client.available():
         plan.error = "clearing only this deployment's keys needs Mooncake's store client, not installed here"
         plan.hint = store_client.INSTALL_HINT + ", or pass --whole-master (whole_master=True)"

@@ -115,6 +115,20 @@ def parse_metrics(text: str) -> MasterMetrics:
                             for field, name in _METRIC_FIELDS.items()})
 
 
+@dataclass(frozen=True)
+class PortKind:
+    """What answers at an address given as a master's port (`MasterAdmin.port_kind`).
+
+    kind: "admin" (GET /metrics answers Mooncake's master_key_count: the admin/metrics port),
+    "not_http" (it accepts a connection but answers no HTTP: the RPC port, whose coro_rpc server
+    closes a connection that does not speak its protocol: mooncake_master 0.3.13.post1 at once),
+    "other_http" (an HTTP server that is no Mooncake master's admin port, e.g. a vLLM replica), or
+    "unreachable" (refused, no answer in time, or an HTTP error status: nothing to judge by)."""
+
+    kind: str
+    detail: str = ""
+
+
 class MasterAdmin(HttpClientBase):
     """Async client for a Mooncake master's admin/metrics HTTP port.
 
@@ -214,6 +228,27 @@ class MasterAdmin(HttpClientBase):
         payload = self._json(response, "GET", "/leader")
         address = payload.get("leader_address") if isinstance(payload, dict) else None
         return address if isinstance(address, str) and address and payload.get("present") is not False else None
+
+    async def port_kind(self) -> PortKind:
+        """Which port of a master this address is, from one GET /metrics (never raises)."""
+        url = f"{self.base_url}/metrics"
+        try:
+            response = await self._http.request("GET", url, timeout=self.timeout)
+        except TransportError as exc:
+            # connected, and the connection closed or reset (or garbage came back) without an HTTP
+            # answer: not an HTTP port. Refused, or silence: nothing to judge by (a busy admin port is
+            # silent too)
+            reached = exc.kind == "other" or exc.cause_name in ("ReadError", "WriteError")
+            return PortKind("not_http" if reached else "unreachable", str(exc))
+        if response.status == 200:
+            try:
+                parse_metrics(response.text)
+                return PortKind("admin")
+            except ValueError:
+                return PortKind("other_http", "its GET /metrics has no master_key_count")
+        if response.status == 404:  # every Mooncake master's admin port has /metrics
+            return PortKind("other_http", "it has no GET /metrics (HTTP 404)")
+        return PortKind("unreachable", f"GET /metrics answered HTTP {response.status}")  # a 5xx: a busy master?
 
     async def metrics(self) -> MasterMetrics:
         """GET /metrics, parsed with prometheus_client."""

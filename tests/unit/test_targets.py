@@ -93,3 +93,61 @@ def test_bad_master_groups(master: str, rpc: str | None, message: str) -> None:
     with pytest.raises(UsageError) as info:
         build_fleet(["127.0.0.1:1"], master=master, master_rpc=rpc, env={})
     assert message in str(info.value)
+
+
+# -- KVCTL_MASTER / KVCTL_MASTER_RPC, and what this machine's run records tell ------------------------------
+def test_master_env_defaults_the_admin_and_rpc_addresses() -> None:
+    env = {"KVCTL_MASTER": "127.0.0.1:9003", "KVCTL_MASTER_RPC": "127.0.0.1:50051"}
+    fleet = build_fleet(["127.0.0.1:1"], env=env, state_dir="/nonexistent")
+    assert (fleet.masters, fleet.master_rpcs) == (("127.0.0.1:9003",), ("127.0.0.1:50051",))
+    assert (fleet.master_source, fleet.master_rpc_source) == ("KVCTL_MASTER", "KVCTL_MASTER_RPC")
+    flagged = build_fleet(["127.0.0.1:1"], master="127.0.0.1:9100", env=env, state_dir="/nonexistent")
+    assert (flagged.masters, flagged.master_source) == (("127.0.0.1:9100",), "--master")
+    assert flagged.master_rpcs == ("127.0.0.1:50051",)  # a master named by flag pairs with the env's RPC
+    assert build_fleet(["127.0.0.1:1"], env=env, masters_from_env=False).masters == ()  # probe reads neither
+
+
+def test_the_env_rpc_address_never_pairs_with_an_inventorys_master(tmp_path: Path) -> None:
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text("master: 10.0.0.9:9003\nreplicas:\n  - url: 127.0.0.1:8000\n")
+    fleet = build_fleet(None, inv, env={"KVCTL_MASTER": "127.0.0.1:9003", "KVCTL_MASTER_RPC": "127.0.0.1:50051"},
+                        state_dir=str(tmp_path))
+    assert fleet.masters == ("10.0.0.9:9003",) and fleet.master_rpcs == ()  # another master's RPC port would be wrong
+    assert fleet.master_source == f"--inventory {inv}"
+
+
+def test_a_bad_env_master_names_the_variable() -> None:
+    with pytest.raises(UsageError, match="KVCTL_MASTER: 'nonsense' is not HOST:PORT"):
+        build_fleet(["127.0.0.1:1"], env={"KVCTL_MASTER": "nonsense"})
+    with pytest.raises(UsageError, match="KVCTL_MASTER_RPC: 'http://h:1' is a URL"):
+        build_fleet(["127.0.0.1:1"], env={"KVCTL_MASTER": "h:2", "KVCTL_MASTER_RPC": "http://h:1"})
+
+
+def _live_run(state: Path, name: str, admin: str, rpc: str, run_state: str = "running") -> None:
+    import time
+
+    from kvctl.serve import runs
+
+    runs.RunRecord(name=name, dir=str(runs.runs_dir(state) / name), state=run_state, created=time.time(),
+                   template="mooncake-store", parameters={}, model="m", host="127.0.0.1", vllm={},
+                   master=runs.MasterRecord(False, rpc, admin)).save()
+
+
+def test_a_live_runs_record_gives_its_masters_rpc_address(tmp_path: Path) -> None:
+    _live_run(tmp_path, "rl", "127.0.0.1:9003", "127.0.0.1:50051")
+    _live_run(tmp_path, "old", "127.0.0.1:9004", "127.0.0.1:50052", run_state="stopped")  # gone: not asked
+    fleet = build_fleet(["127.0.0.1:1"], master="127.0.0.1:9003", env={}, state_dir=str(tmp_path))
+    assert fleet.master_rpcs == ("127.0.0.1:50051",) and fleet.master_rpc_source == "run rl's record"
+    assert fleet.notes == ("the master's RPC address 127.0.0.1:50051: from run rl's record (its master)",)
+    assert build_fleet(["127.0.0.1:1"], master="127.0.0.1:9004", env={}, state_dir=str(tmp_path)).master_rpcs == ()
+    given = build_fleet(["127.0.0.1:1"], master="127.0.0.1:9003", master_rpc="127.0.0.1:7", env={},
+                        state_dir=str(tmp_path))
+    assert given.master_rpcs == ("127.0.0.1:7",) and not given.notes  # what the user says wins
+
+
+def test_an_rpc_address_given_as_master_is_swapped_for_the_runs_admin_address(tmp_path: Path) -> None:
+    _live_run(tmp_path, "rl", "127.0.0.1:9003", "127.0.0.1:50051")
+    fleet = build_fleet(["127.0.0.1:1"], master="127.0.0.1:50051", env={}, state_dir=str(tmp_path))
+    assert (fleet.masters, fleet.master_rpcs) == (("127.0.0.1:9003",), ("127.0.0.1:50051",))
+    assert "--master 127.0.0.1:50051 is the RPC port of run rl's master, not its admin port" in fleet.notes[0]
+    assert "say --master 127.0.0.1:9003 --master-rpc 127.0.0.1:50051" in fleet.notes[0]

@@ -151,6 +151,7 @@ def validate(
     manifest or Helm template, production-stack Helm values, a Dockerfile, an env file, Python
     (KVTransferConfig, LLM, Ray Serve engine_kwargs), a prime-rl TOML, an LMCache config, or a
     `config render --out` folder.
+
     Reports every problem with file:line, what is wrong and how to fix it; exit 1 when any is an
     error, 2 when the input cannot be read (with --json, an error object on stdout too). A
     setting vLLM silently drops is an error unless --allow-dropped.

@@ -92,10 +92,49 @@ def finish_with_receipt(operation: Coroutine[Any, Any, Any], json_out: bool, bef
 def _print_json_error(exc: KvctlError) -> None:
     """The --json shape of every refused command (as `config validate` has it): ok false, the exit
     code, and the error with its fix."""
+    _print_json_fields(exc.message, exc.hint, exc.exit_code)
+
+
+def _print_json_fields(message: str, fix: str | None, exit_code: int) -> None:
     from kvctl.cli.output import print_json
 
-    print_json({"ok": False, "exit_code": exc.exit_code,
-                "error": {"message": exc.message, "fix": exc.hint, "exit_code": exc.exit_code}})
+    print_json({"ok": False, "exit_code": exit_code,
+                "error": {"message": message, "fix": fix, "exit_code": exit_code}})
+
+
+def report_usage_error(exc: Any, json_out: bool, command: str = "kvctl") -> NoReturn:
+    """A usage error of click's or Typer's (no such option, missing argument, bad value, extra
+    argument, no such command) in kvctl's own style: `error:` and `  fix:` on stderr, the JSON error
+    object on stdout too with --json, exit 2 (click's code for them)."""
+    message, fix = describe_usage_error(exc, command)
+    code = getattr(exc, "exit_code", EXIT_USAGE)
+    if json_out:
+        _print_json_fields(message, fix, code)
+    _print_error(message, fix)
+    raise typer.Exit(code)
+
+
+def describe_usage_error(exc: Any, command: str = "kvctl") -> tuple[str, str]:
+    """(what, how to fix it) for a click usage error; what names the command it was given to (its
+    context's, else `command`: click raises some without one)."""
+    command = getattr(getattr(exc, "ctx", None), "command_path", None) or command
+    text = " ".join(exc.format_message().split())
+    help_hint = f"{command} -h shows its usage and options"
+    possibilities = getattr(exc, "possibilities", None)
+    option = getattr(exc, "option_name", None)
+    if possibilities and option:  # no such option: the closest one(s) instead of click's list
+        import difflib
+
+        text = f"no such option: {option}"
+        best = difflib.get_close_matches(option, possibilities, n=1, cutoff=0.0)
+        return f"{command}: {text}", f"did you mean {best[0]}? ({help_hint})"
+    text, _, suggestion = text.partition(" Did you mean ")  # Typer's for a mistyped command name
+    message = f"{command}: {text[:1].lower()}{text[1:].rstrip('.')}"
+    if text.startswith("No such command"):
+        help_hint = f"{command} -h lists its commands"
+    if suggestion:
+        return message, f"did you mean {suggestion.rstrip('?')}? ({help_hint})"
+    return message, help_hint
 
 
 def _print_error(message: str, hint: str | None) -> None:

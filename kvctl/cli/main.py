@@ -14,6 +14,7 @@ from kvctl.cli.doctor import doctor
 from kvctl.cli.logs import logs
 from kvctl.cli.probe import probe
 from kvctl.cli.reset import reset
+from kvctl.cli.root import KvctlGroup
 from kvctl.cli.runs import rm, runs_list
 from kvctl.cli.serve import serve, stop
 from kvctl.cli.status import status
@@ -30,6 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, powershell)
     context_settings={"help_option_names": ["-h", "--help"]},
+    cls=KvctlGroup,  # help panels and metavars, kvctl's error style for usage errors, --debug anywhere
 )
 app.add_typer(config.app, name="config")
 app.add_typer(compat.app, name="compat")
@@ -56,7 +58,7 @@ def _version_callback(value: bool) -> None:
 def main(
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version_callback, is_eager=True,
                                                     help="Print kvctl's version and exit.")] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (same as KVCTL_DEBUG=1).")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (same as KVCTL_DEBUG=1); also after the command.")] = False,
 ) -> None:
     """kvctl: configure, check and hard-reset vLLM + Mooncake deployments.
 

@@ -76,7 +76,8 @@ def _print(receipt: Any) -> None:
 
     plan = receipt.plan
     if plan.error:
-        output.err_console().print(f"[bold red]plan failed, nothing was sent:[/] {escape(plan.error)}", soft_wrap=True)
+        output.err_console().print(f"[bold red]error:[/] plan failed, nothing was sent: {escape(plan.error)}",
+                                   soft_wrap=True)  # kvctl's one error style (cli/errors._print_error)
         if plan.hint:
             output.err_console().print(f"  [bold]fix:[/] {escape(plan.hint)}", soft_wrap=True)
         if not plan.error.startswith("no replica could be planned"):

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvctl.api_words import python_errors, receipt_for_python
 from kvctl.errors import KvctlError, UsageError
 from kvctl.reset.execute import hard_reset_fleet
 from kvctl.reset.plan import ResetOptions
@@ -79,16 +80,18 @@ async def hard_reset_async(
     Same targets and options as `kvctl reset`; returns the receipt. With raise_on_failure, a
     receipt that is not fully ok raises ResetFailed (carrying the receipt). With verify, replicas that
     share one cache namespace but serve different weights fail it, unless allow_mixed_weights.
-    Bad targets raise kvctl.errors.UsageError.
+    Bad targets raise kvctl.errors.UsageError. Errors, hints and receipt lines name these keywords
+    where the CLI's name its flags (master= for --master).
     """
-    options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
-                           dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
-                           pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
-                           probe_prompts=_prompts(probe_prompts), allow_mixed_weights=allow_mixed_weights).check()
-    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
-                        run=run, state_dir=str(state_dir) if state_dir else None,
-                        master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
-    receipt = await hard_reset_fleet(fleet, options)
+    with python_errors():
+        options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
+                               dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
+                               pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
+                               probe_prompts=_prompts(probe_prompts), allow_mixed_weights=allow_mixed_weights).check()
+        fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
+                            run=run, state_dir=str(state_dir) if state_dir else None,
+                            master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
+        receipt = receipt_for_python(await hard_reset_fleet(fleet, options))
     if raise_on_failure and not receipt.ok:
         raise ResetFailed(receipt)
     return receipt
@@ -101,21 +104,23 @@ def hard_reset(urls: list[str] | None = None, **kwargs: object) -> Receipt:
 
 async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | None = None,
                       inventory: str | Path | None = None, run: str | None = None,
-                      state_dir: str | Path | None = None, max_tokens: int = 4,
+                      state_dir: str | Path | None = None, ray: str | None = None, max_tokens: int = 4,
                       tolerance: float | None = None, timeout: float = 120.0) -> ProbeReport:
     """Content-level check (same as `kvctl probe`): each prompt as served vs computed fresh with a
     cache_salt, per replica. Returns the report (`.exit_code`: 0 match, 1 STALE, 3 inconclusive).
     tolerance=None: each replica's own, from its dtype (kvctl/reset/tolerance.py); each
     `.replicas[i].tolerance` and `.tolerance_reason` say which was used and why.
-    Bad arguments raise kvctl.errors.UsageError."""
+    Targets as hard_reset's (ray: the run as that Ray cluster records it). Bad arguments raise
+    kvctl.errors.UsageError."""
     from kvctl.reset.probe import ProbeOptions, check_prompts, probe_fleet
 
-    options = ProbeOptions(max_tokens=max_tokens, timeout=timeout, tolerance=tolerance)
-    options.check()  # before any replica is read
-    texts = check_prompts(prompts)
-    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run,
-                        state_dir=str(state_dir) if state_dir else None)
-    return await probe_fleet(fleet, texts, options)
+    with python_errors():
+        options = ProbeOptions(max_tokens=max_tokens, timeout=timeout, tolerance=tolerance)
+        options.check()  # before any replica is read
+        texts = check_prompts(prompts)
+        fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run,
+                            state_dir=str(state_dir) if state_dir else None, ray=ray)
+        return receipt_for_python(await probe_fleet(fleet, texts, options))
 
 
 def probe(urls: list[str] | None = None, **kwargs: object) -> ProbeReport:
@@ -166,15 +171,16 @@ async def update_weights_async(
     from kvctl.weights.execute import update_fleet
     from kvctl.weights.plan import WeightsOptions
 
-    options = WeightsOptions(from_path, version=version, remote_path=remote_path, verify=verify,  # type: ignore[arg-type]
-                             probe_prompts=_prompts(probe_prompts), dry_run=dry_run, resume_failed=resume_failed,
-                             timeout=timeout, retries=retries, concurrency=concurrency, pause_timeout=pause_timeout,
-                             reload_timeout=reload_timeout, whole_master=whole_master,
-                             clear_timeout=clear_timeout).check()
-    fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
-                        run=run, state_dir=str(state_dir) if state_dir else None,
-                        master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
-    receipt = await update_fleet(fleet, options)
+    with python_errors():
+        options = WeightsOptions(from_path, version=version, remote_path=remote_path,  # type: ignore[arg-type]
+                                 verify=verify, probe_prompts=_prompts(probe_prompts), dry_run=dry_run,
+                                 resume_failed=resume_failed, timeout=timeout, retries=retries,
+                                 concurrency=concurrency, pause_timeout=pause_timeout, reload_timeout=reload_timeout,
+                                 whole_master=whole_master, clear_timeout=clear_timeout).check()
+        fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
+                            run=run, state_dir=str(state_dir) if state_dir else None,
+                            master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
+        receipt = receipt_for_python(await update_fleet(fleet, options))
     if raise_on_failure and not receipt.ok:
         raise WeightsUpdateFailed(receipt)
     return receipt

@@ -189,7 +189,7 @@ def _refuse_credentials(parsed: Any, original: str, where: str) -> None:
         raise UsageError(f"{where}: '{redact(original)}' carries credentials; kvctl does not send them and would "
                          "print them in its output",
                          "remove the user:password@ part (the dev routes have no authentication; for /v1 "
-                         "use --api-key or VLLM_API_KEY)")
+                         "name the env var that holds the key in the inventory: api_key_env: VLLM_API_KEY)")
 
 
 def default_name(url: str) -> str:

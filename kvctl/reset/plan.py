@@ -70,15 +70,14 @@ class ResetOptions:
         # `not >` also refuses nan
         if not (self.timeout > 0 and self.pause_timeout > 0 and self.clear_timeout >= 0) \
                 or self.retries < 0 or self.concurrency < 1 or self.timeout == float("inf"):
-            raise UsageError("timeout and pause_timeout must be > 0 (and finite), clear_timeout >= 0, retries >= 0 "
-                             "and concurrency >= 1 (--timeout, --pause-timeout, --clear-timeout, --retries, "
-                             "--concurrency)")
+            raise UsageError("--timeout and --pause-timeout must be > 0 (and finite), --clear-timeout >= 0, "
+                             "--retries >= 0 and --concurrency >= 1")
         if self.probe_prompts is not None and not self.verify:
             raise UsageError("probe prompts check the reset by content: they need verify",
-                             "add --verify (verify=True), or run kvctl probe on its own")
+                             "add --verify, or run kvctl probe on its own")
         if self.allow_mixed_weights and not self.verify:
-            raise UsageError("allowing mixed weights relaxes --verify's check of them: it needs verify",
-                             "add --verify (verify=True), or drop --allow-mixed-weights (allow_mixed_weights=)")
+            raise UsageError("--allow-mixed-weights relaxes a check of --verify's: it needs --verify",
+                             "add --verify, or drop --allow-mixed-weights")
         return self
 
     @property
@@ -370,9 +369,8 @@ def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
     why = "; ".join(_why_master(r) for r in needs)
     if plan.master is None:
         plan.error = f"the external store would not be cleared: {why}; and no Mooncake master is known"
-        plan.hint = ("pass --master HOST:PORT (master= in Python: the master's admin/metrics port, e.g. "
-                     "127.0.0.1:9003) so kvctl clears it directly"
-                     + (" (and --master-rpc HOST:PORT, master_rpc=: its RPC port)" if scoped else "")
+        plan.hint = ("pass --master HOST:PORT (the master's admin/metrics port, e.g. 127.0.0.1:9003) so kvctl "
+                     "clears it directly" + (" (and --master-rpc HOST:PORT: its RPC port)" if scoped else "")
                      + ", or upgrade vLLM to >= "
                      f"{t.connector('MooncakeStoreConnector').reset.since}")  # type: ignore[union-attr]
         return

@@ -144,7 +144,7 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
         rr.reset = rr.error is None and not failed and canary_ok and probe_ok and store_ok and rr.name not in mixed
         if rr.error is None and rr.name in mixed and not failed:  # cleared, but its store mixes again on resume
             rr.error = (f"verification failed: {mixed[rr.name]}; fix: kvctl weights update on them, or "
-                        "--allow-mixed-weights (allow_mixed_weights=True) where they are meant to differ")
+                        "--allow-mixed-weights where they are meant to differ")
         if rr.error is None and not rr.reset:
             rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master, rr.probe,
                                       bool(opts.probe_prompts))

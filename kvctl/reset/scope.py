@@ -39,8 +39,7 @@ def _scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
         plan.error = ("the replicas run with different cache_prefixes: "
                       + ", ".join(f"{r.name}={r.cache_prefix or 'none'}" for r in stores)
                       + "; a clear scoped to one would leave the others' stale KV")
-        plan.hint = ("reset each deployment on its own (one --inventory each), or pass --whole-master "
-                     "(whole_master=True)")
+        plan.hint = "reset each deployment on its own (one --inventory each), or pass --whole-master"
         return
     if served and None not in served:
         plan.cache_prefix = served.pop()
@@ -60,5 +59,5 @@ def _check_prefix_is_read(plan: Plan, planned: list[ReplicaPlan]) -> None:
                   + ", ".join(f"{r.name} (vLLM {r.version})" for r in blind)
                   + f" run a {STORE_CONNECTOR} that does not read cache_prefix (first read in vLLM {since}): "
                   "their keys carry no prefix, so the scoped clear would find none of them")
-    plan.hint = (f"upgrade vLLM to >= {since}, or pass --whole-master (whole_master=True) if no other "
+    plan.hint = (f"upgrade vLLM to >= {since}, or pass --whole-master if no other "
                  "deployment shares the master")

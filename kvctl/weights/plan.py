@@ -52,8 +52,8 @@ class WeightsOptions:
         self.reset_options()  # its numbers and probe rules first: one wording for both commands
         if isinstance(self.reload_timeout, bool) or not isinstance(self.reload_timeout, (int, float)) \
                 or not 0 < self.reload_timeout < math.inf:
-            raise UsageError(f"reload_timeout must be a number of seconds > 0, got {self.reload_timeout!r}",
-                             f"e.g. reload_timeout={RELOAD_TIMEOUT:g} (--reload-timeout)")
+            raise UsageError(f"--reload-timeout must be a number of seconds > 0, got {self.reload_timeout!r}",
+                             f"e.g. --reload-timeout={RELOAD_TIMEOUT:g}")
         if self.version is not None:
             _check_label(self.version)
         self.weights_path = _check_path(self.from_path, self.remote_path)
@@ -76,7 +76,7 @@ def _check_label(version: object) -> None:
     if not isinstance(version, str) or not version.strip() \
             or any(unicodedata.category(c).startswith("C") for c in version):
         raise UsageError(f"--version must be a non-empty label without control characters, got {version!r}",
-                         "e.g. --version step-120 (version='step-120' in Python)")
+                         "e.g. --version=step-120")
 
 
 def _check_path(from_path: object, remote: bool) -> str:
@@ -85,7 +85,7 @@ def _check_path(from_path: object, remote: bool) -> str:
     (model_loader/default_loader.py `_prepare_weights`: not os.path.isdir -> download)."""
     if not isinstance(from_path, (str, Path)) or not str(from_path).strip():
         raise UsageError(f"--from must be a folder of *.safetensors, got {from_path!r}",
-                         "e.g. --from /checkpoints/step-120 (from_path= in Python)")
+                         "e.g. --from=/checkpoints/step-120")
     path = Path(from_path).expanduser()
     if remote:
         if not path.is_absolute():
@@ -97,7 +97,7 @@ def _check_path(from_path: object, remote: bool) -> str:
         what = "does not exist" if not path.exists() else "is not a folder"
         raise UsageError(f"--from {from_path}: {what} on this machine",
                          "give the checkpoint folder (its *.safetensors files); if it lives only on the servers' "
-                         "machines, add --remote-path (remote_path=True) and kvctl will not look for it here")
+                         "machines, add --remote-path and kvctl will not look for it here")
     if not any(path.glob("*.safetensors")):
         raise UsageError(f"--from {from_path}: no *.safetensors file in it (vLLM's reload reads the weights "
                          "from those files)", "point --from at the folder that holds the model's *.safetensors")
@@ -184,7 +184,7 @@ def _refuse_unfit(plan: WeightsPlan) -> None:
     if "reload" in needs:
         fixes.append(f"upgrade vLLM on those replicas to >= {table().capability(RELOAD[1]).span.since}")
     if "--version" in needs:
-        fixes.append("leave --version out (version=None), or upgrade them to >= "
+        fixes.append("leave --version out, or upgrade them to >= "
                      f"{table().capability('http.update_weight_version').span.since}")
     unreachable = [r for r in unfit if r.vllm_version is None]
     if unreachable:

@@ -59,10 +59,11 @@ def set_keys(ctx: typer.Context, incomplete: str) -> list[str]:
     try:
         from kvctl.config.templates import load
 
-        name = ctx.params.get("template") or ctx.params.get("name") or _default(ctx, "template")
+        given = ctx.params if ctx.params.get("name") or ctx.params.get("template") else _reparsed(ctx)
+        name = given.get("template") or given.get("name") or _default(ctx, "template")
         if not name:
             return []
-        params = load(name, ctx.params.get("template_path")).parameters
+        params = load(name, given.get("template_path")).parameters
         key, eq, value = incomplete.partition("=")
         if not eq:
             return [f"{k}=" for k in params if k.startswith(incomplete)]
@@ -102,3 +103,26 @@ def _default(ctx: typer.Context, param: str) -> Any:
         if p.name == param:
             return p.default
     return None
+
+
+def _reparsed(ctx: typer.Context) -> dict[str, Any]:
+    """The command's parameters from the words typed before `--set <TAB>`. Click stops parsing at the
+    option whose value is being completed and so never reaches positionals (config render NAME);
+    parsed again without that option, they are there. The words come from the environment the
+    completion scripts set (Typer's protocol: COMP_WORDS/COMP_CWORD for bash, _TYPER_COMPLETE_ARGS else)."""
+    import os
+    import shlex
+
+    if "COMP_WORDS" in os.environ:
+        words = shlex.split(os.environ["COMP_WORDS"])[1:int(os.environ.get("COMP_CWORD", "0"))]
+    else:
+        line = os.environ.get("_TYPER_COMPLETE_ARGS", "")
+        words = shlex.split(line)[1:]
+        if words and not line.endswith(" "):
+            words = words[:-1]  # the word being completed
+    if words and words[-1].startswith("-"):
+        words = words[:-1]  # the option waiting for the value being completed
+    if ctx.info_name not in words:
+        return {}
+    rest = words[words.index(ctx.info_name) + 1:]
+    return ctx.command.make_context(ctx.info_name, rest, parent=ctx.parent, resilient_parsing=True).params

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
-from kvctl.cli.completion import run_names, template_names
+from kvctl.cli.completion import replica_urls, run_names, set_keys, template_names
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 VllmVersionOpt = Annotated[
@@ -25,16 +25,16 @@ TemplatePathOpt = Annotated[
 ]
 SetOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--set", metavar="KEY=VALUE", help="Set a template parameter (repeatable). See: kvctl config show NAME."),
+    typer.Option("--set", metavar="KEY=VALUE", autocompletion=set_keys, help="Set a template parameter (repeatable). See: kvctl config show NAME."),
 ]
 UrlOpt = Annotated[
-    Optional[str], typer.Option("--url", metavar="URL", help="A live vLLM server; its version comes from GET /version."),
+    Optional[str], typer.Option("--url", metavar="URL", autocompletion=replica_urls, help="A live vLLM server (http://HOST:PORT or HOST:PORT); its version comes from GET /version."),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", metavar="S", help="Per-request timeout in seconds.")]
 FileArg = Annotated[Path, typer.Argument(metavar="FILE", help="A file or folder to read.", show_default=False)]
 UrlsOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--url", metavar="URL", help="A vLLM replica (repeatable). Default: $KVCTL_URLS."),
+    typer.Option("--url", metavar="URL", autocompletion=replica_urls, help="A vLLM replica (repeatable). Default: $KVCTL_URLS."),
 ]
 InventoryOpt = Annotated[
     Optional[Path],

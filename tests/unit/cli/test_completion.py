@@ -30,7 +30,9 @@ def complete(shell: str, line: str, tmp_path: Path, **env: str) -> list[str]:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     if shell == "zsh":  # _arguments '*: :(("name" "name"))'
-        return [w.strip('"') for w in out.split("((", 1)[-1].split("))", 1)[0].split()] if "((" in out else []
+        # a value's ':' comes escaped (\\: in the script's quoting), as _describe-style specs need
+        words = out.split("((", 1)[-1].split("))", 1)[0].split() if "((" in out else []
+        return [w.strip('"').replace("\\\\:", ":") for w in words]
     return [w.split("\t")[0].split(":::")[0] for w in out.split() if w]
 
 
@@ -84,3 +86,89 @@ def test_show_and_install_completion(shell: str, tmp_path: Path) -> None:
     assert "_KVCTL_COMPLETE" in (tmp_path / script).read_text()
     if shell != "fish":  # the shell's rc file: appended to, nothing of the user's lost
         assert (tmp_path / rc_file).read_text().startswith("# user's own\n")
+
+
+def recorded_run(state: Path, name: str, run_state: str, replicas: int, *, embedded: bool = True,
+                 port: int = 8000) -> list[str]:
+    """A run.json as kvctl serve writes it (kvctl.serve.runs.RunRecord); the replicas' URLs."""
+    from kvctl.serve import runs
+
+    folder = state / "runs" / name
+    record = runs.RunRecord(
+        name=name, dir=str(folder), state=run_state, created=1.0, template="mooncake-store", parameters={},
+        model="m", host="127.0.0.1", vllm={}, master=runs.MasterRecord(embedded, "127.0.0.1:50051", None),
+        replicas=[runs.ReplicaRecord(f"r{i}", f"http://127.0.0.{len(name)}:{port + i}", port + i) for i in range(replicas)])
+    record.save()
+    return [r.url for r in record.replicas]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_logs_completes_runs_then_their_processes(shell: str, tmp_path: Path) -> None:
+    recorded_run(tmp_path / "state", "rl", "running", 2)
+    recorded_run(tmp_path / "state", "ext", "stopped", 1, embedded=False)
+    assert complete(shell, "kvctl logs r", tmp_path) == ["rl"]
+    assert complete(shell, "kvctl logs rl ", tmp_path) == ["r0", "r1", "master"]
+    assert complete(shell, "kvctl logs rl m", tmp_path) == ["master"]
+    assert complete(shell, "kvctl logs ext ", tmp_path) == ["r0"]  # an external master has no log here
+    assert complete(shell, "kvctl logs nope ", tmp_path) == []
+    other = tmp_path / "other"  # --state-dir given before RUN: that folder's runs
+    recorded_run(other, "svc", "running", 1)
+    assert complete(shell, f"kvctl logs --state-dir {other} svc ", tmp_path) == ["r0", "master"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_set_completes_the_chosen_templates_keys(shell: str, tmp_path: Path) -> None:
+    from kvctl.config.templates import load
+
+    default = load("mooncake-store").parameters  # serve's default --template
+    assert sorted(complete(shell, "kvctl serve m --set ", tmp_path)) == sorted(f"{k}=" for k in default)
+    lmcache = load("lmcache-mooncake").parameters
+    assert sorted(complete(shell, "kvctl serve m --template lmcache-mooncake --set ", tmp_path)) == sorted(
+        f"{k}=" for k in lmcache)
+    assert sorted(complete(shell, "kvctl config render lmcache-mooncake --set ", tmp_path)) == sorted(
+        f"{k}=" for k in lmcache)
+    assert complete(shell, "kvctl serve m --set glo", tmp_path) == ["global_segment_size="]
+    protocol = default["protocol"]
+    assert protocol.type == "choice"
+    assert complete(shell, "kvctl serve m --set protocol=", tmp_path) == [f"protocol={c}" for c in protocol.choices]
+    assert complete(shell, "kvctl config render no-such-template --set ", tmp_path) == []
+
+
+def test_set_completes_a_user_templates_keys(tmp_path: Path) -> None:
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "my-store.yaml").write_text(
+        "name: my-store\ndescription: d\nkv_transfer_config: {kv_connector: X, kv_role: kv_both}\n"
+        "parameters:\n  size: {type: int, default: 1, help: h}\n  mode: {type: choice, choices: [a, b], default: a, help: h}\n")
+    got = complete("bash", f"kvctl serve m --template-path {user} --template my-store --set ", tmp_path)
+    assert sorted(got) == ["mode=", "size="]
+    assert complete("bash", "kvctl serve m --template my-store --set mode=", tmp_path,
+                    KVCTL_TEMPLATE_PATH=str(user)) == ["mode=a", "mode=b"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_url_completes_the_replica_urls_of_live_runs(shell: str, tmp_path: Path) -> None:
+    live = recorded_run(tmp_path / "state", "rl", "running", 2)
+    starting = recorded_run(tmp_path / "state", "svc", "starting", 1)
+    recorded_run(tmp_path / "state", "gone", "stopped", 1)  # a stopped run's URLs answer nothing
+    assert sorted(complete(shell, "kvctl reset --url ", tmp_path)) == sorted(live + starting)
+    assert complete(shell, "kvctl status --url http://127.0.0.2:8001", tmp_path) == [live[1]]
+    # typed as host:port (what --url also takes): completed as host:port
+    assert complete(shell, "kvctl probe --url 127.0.0.3:", tmp_path) == [starting[0].split("://")[1]]
+    assert complete(shell, "kvctl compat check --url http", tmp_path) == sorted(live + starting)
+
+
+def test_completion_is_fast_and_never_fails_on_a_bad_state_dir(tmp_path: Path) -> None:
+    import time
+
+    state = tmp_path / "state"
+    for i in range(50):
+        recorded_run(state, f"run{i:02d}", "running", 4, port=9000 + 4 * i)
+    began = time.perf_counter()
+    assert len(complete("bash", "kvctl reset --url ", tmp_path)) == 200
+    elapsed = time.perf_counter() - began
+    # one <TAB>: kvctl's start-up plus reading 50 small run.json files (about 0.3 s here; a generous bound)
+    assert elapsed < 5, elapsed
+    (state / "runs" / "run00" / "run.json").write_text("{not json")
+    assert len(complete("bash", "kvctl reset --url ", tmp_path)) == 196
+    assert complete("bash", "kvctl logs run00 ", tmp_path) == []

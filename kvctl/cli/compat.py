@@ -163,7 +163,8 @@ def matrix(
         return output.print_text(compat.matrix_markdown())
     data = compat.matrix()
     if not output.wide():  # one column per release is ~250 wide: the span of releases fits 80 columns
-        table = output.table("capability", "vLLM releases", wrap=("capability",))
+        # both wrap at spaces: a route such as /reset_prefix_cache?reset_external=&... is 59 wide on its own
+        table = output.table("capability", "vLLM releases", wrap=("capability", "vLLM releases"))
         for row in data["rows"]:
             table.add_row(escape(row["title"]), escape(_releases(row["since"], row["until"])))
         output.show(table)

@@ -86,8 +86,9 @@ def show_template(
     output.show(table)
     for line in t.notes:
         output.show(f"[dim]note:[/] {escape(line)}")
-    output.show(f"render: kvctl config render {escape(t.name)} \\[--set KEY=VALUE ...] "
-                "--format verl|vllm-args|json|env|mooncake", soft_wrap=True)  # a command: never broken
+    output.show(f"render it: kvctl config render {escape(t.name)} --format FORMAT",
+                soft_wrap=True)  # a command: never broken (and under 80 columns)
+    output.show("  FORMAT: verl, vllm-args, json, env or mooncake; --set KEY=VALUE (repeatable) sets a parameter")
 
 
 @app.command("render")

@@ -79,6 +79,39 @@ def print_json(data: Any) -> None:
     _write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def print_json_line(data: Any) -> None:
+    """One JSON object on one line (a stream of them: status --watch --json)."""
+    _write(json.dumps(data, default=str) + "\n")
+
+
+def redraw(heading: str, draw: Any) -> None:
+    """One frame of a --watch: a terminal is cleared and `draw()` prints from the top under `heading`;
+    piped, the frames follow each other, each after its heading line (a timestamp to split them on)."""
+    con = console()
+    if piped() or not con.is_terminal:
+        show(f"[bold]{escape(heading)}[/]", soft_wrap=True)
+        draw()
+        return
+    with con.capture() as frame:  # drawn off screen first: the clear and the new frame come together
+        con.print(f"[bold]{escape(heading)}[/]", soft_wrap=True)
+        draw()
+    con.clear()
+    with _reader_gone():
+        con.file.write(frame.get())
+        con.file.flush()
+
+
+def per_value(label: str, values: Iterable[tuple[str, str]]) -> None:
+    """A column a table leaves out to fit 80 columns, as lines under it: 'LABEL VALUE (every replica)'
+    when all replicas agree, else a line per value naming the replicas. `values`: (replica, value)."""
+    groups: dict[str, list[str]] = {}
+    for name, value in values:
+        groups.setdefault(value, []).append(name)
+    for value, names in groups.items():
+        which = "every replica" if len(groups) == 1 and len(names) > 1 else ", ".join(names)
+        show(f"{escape(label)} {escape(value)} [dim]({escape(which)})[/]", soft_wrap=True)
+
+
 def print_text(text: str) -> None:
     """Raw text on stdout, byte for byte (rendered configs must stay pipeable)."""
     _write(text)
@@ -199,7 +232,8 @@ def _show(con: Console, renderable: Any, soft_wrap: bool) -> None:
     if isinstance(renderable, KvTable) and renderable.wide_only and not wide():
         renderable = _narrowed(renderable)
     if plain():  # no title line: the header row comes first (or the first row, with --no-headers)
-        con.file.write("".join(line + "\n" for line in plain_lines(renderable, _FORMAT.headers)))
+        for line in plain_lines(renderable, _FORMAT.headers):  # through Rich: a --watch frame captures it
+            con.print(line, markup=False, emoji=False, highlight=False, soft_wrap=True)
         return
     renderable.show_header = _FORMAT.headers
     heading = getattr(renderable, "heading", None)

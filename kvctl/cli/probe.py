@@ -9,6 +9,7 @@ import typer
 
 from kvctl.cli.errors import finish_with_receipt, handle_errors
 from kvctl.cli.options import InventoryOpt, JsonOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt, UrlsOpt, one_run
+from kvctl.cli.options import NoHeadersOpt, OutputOpt, output_options
 from kvctl.errors import UsageError
 
 PromptsOpt = Annotated[
@@ -17,6 +18,7 @@ PromptsOpt = Annotated[
 ]
 
 
+@output_options
 @handle_errors
 def probe(
     run_arg: RunPosArg = None,
@@ -29,6 +31,8 @@ def probe(
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-request timeout in seconds.")] = 120.0,
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Content-level proof: each prompt as is and with a fresh cache_salt (computed from scratch), compared.
@@ -54,7 +58,9 @@ def _print(report: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "version", "tolerance", "prompt", "verdict", "why", wrap=("prompt", "why"))
+    # 80 columns: version and tolerance are -o wide's (each replica's tolerance is a line below)
+    table = output.table("replica", "version", "tolerance", "prompt", "verdict", "why", wrap=("prompt", "why"),
+                         wide_only=("version", "tolerance"))
     style = {"match": "green", "STALE": "bold red", "inconclusive": "yellow"}
     for r in report.replicas:
         tolerance = "" if r.tolerance is None else f"{r.tolerance:g}"

@@ -10,12 +10,14 @@ import typer
 from kvctl.cli.errors import finish_with_receipt, handle_errors
 from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt,
                                UrlsOpt, one_run)
+from kvctl.cli.options import NoHeadersOpt, OutputOpt, output_options
 from kvctl.errors import UsageError
 
 OP_COLUMNS = (("pause", "pause"), ("prefix_cache", "prefix cache"), ("mm_cache", "mm cache"),
               ("encoder_cache", "encoder cache"), ("resume", "resume"))
 
 
+@output_options
 @handle_errors
 def reset(
     run_arg: RunPosArg = None,
@@ -40,6 +42,8 @@ def reset(
     concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Replicas handled at once.")] = 256,
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Hard-reset every replica: local prefix cache, external store (--connector), mm and encoder caches.
@@ -106,8 +110,9 @@ def _print_plan(plan: Any) -> None:
 
     from kvctl.cli import output
 
+    # 80 columns: weights and connector are -o wide's columns (the connector: lines under the table)
     table = output.table("replica", "version", "weights", "connector", "will send", "skipped", title="plan (dry run)",
-                         wrap=("will send", "skipped"))
+                         wrap=("will send", "skipped"), wide_only=("weights", "connector"))
     for r in plan.replicas:
         if r.error:
             table.add_row(escape(r.name), escape(r.version or "?"), "", "", f"[red]{escape(r.error)}[/]", "")
@@ -119,6 +124,8 @@ def _print_plan(plan: Any) -> None:
         table.add_row(escape(r.name), escape(r.version or "?"), _weights_cell(weights, r.weights and r.weights.digest),
                       escape(_layout(r.layout)), escape("\n".join(send)), escape("\n".join(skipped)))
     output.show(table)
+    if not output.wide():
+        output.per_value("connector", ((r.name, _layout(r.layout)) for r in plan.replicas if not r.error))
     for note in plan.notes:
         output.show(f"[dim]note:[/] {escape(note)}")
     _print_master_roles(plan.master_nodes, plan.master, "at plan time", plan.master_rpc)
@@ -140,16 +147,20 @@ def _print_results(receipt: Any) -> None:
 
     from kvctl.cli import output
 
-    shown = [(k, t) for k, t in OP_COLUMNS if any(o.op == k for r in receipt.replicas for o in r.ops)]
-    cols = ["replica", "version", "weights"] + [t for _, t in shown] + (["verify"] if receipt.verify else []) \
-        + ["reset"]
-    table = output.table(*cols)
+    # 80 columns: one "operations" cell per replica; -o wide: a column per operation with its latency,
+    # the checksum digest and the canary's signal
+    wide = output.wide()
+    shown = [(k, t) for k, t in OP_COLUMNS if any(o.op == k for r in receipt.replicas for o in r.ops)] if wide else []
+    cols = ["replica", "version", "weights"] + [t for _, t in shown] + ([] if wide else ["operations"]) \
+        + (["verify"] if receipt.verify else []) + ["reset"]
+    table = output.table(*cols, wrap=() if wide else ("operations",))
     for r in receipt.replicas:
         ops = {o.op: o for o in r.ops}
-        cells = [escape(r.name), escape(r.version or "?"), _weights_cell(r.weight_version, r.weight_digest)] \
-            + [_op_cell(ops.get(k)) for k, _ in shown]
+        cells = [escape(r.name), escape(r.version or "?"),
+                 _weights_cell(r.weight_version, r.weight_digest if wide else None)] \
+            + ([_op_cell(ops.get(k)) for k, _ in shown] if wide else [_ops_cell(r.ops)])
         if receipt.verify:
-            cells.append(_canary_cell(r.canary))
+            cells.append(_canary_cell(r.canary, wide))
         cells.append("[green]yes[/]" if r.reset else "[bold red]NO[/]")
         table.add_row(*cells)
     output.show(table)
@@ -224,11 +235,22 @@ def _op_cell(op: Any) -> str:
     return f"[bold red]FAILED[/] {op.http_status or ''}".rstrip()
 
 
-def _canary_cell(canary: Any) -> str:
+def _ops_cell(ops: list[Any]) -> str:
+    """'5 ok, 8 ms' or 'prefix cache FAILED 500; 4 ok, 6 ms': every operation sent to one replica."""
+    titles = dict(OP_COLUMNS)
+    done = [o for o in ops if o.result == "ok"]
+    failed = [f"{titles.get(o.op, o.op)} {_op_cell(o)}" for o in ops if o.result not in ("ok", "skipped")]
+    skipped = sum(o.result == "skipped" for o in ops)
+    parts = failed + ([f"[green]{len(done)} ok[/], {sum(o.latency_s for o in done) * 1000:.0f} ms"] if done else []) \
+        + ([f"[dim]{skipped} skipped[/]"] if skipped else [])
+    return "; ".join(parts) or "[dim]-[/]"
+
+
+def _canary_cell(canary: Any, wide: bool = True) -> str:
     if canary is None:
         return "[dim]-[/]"
     if canary.ok:
-        return f"[green]0 hits[/] [dim]({canary.signal})[/]"
+        return "[green]0 hits[/]" + (f" [dim]({canary.signal})[/]" if wide else "")
     return "[bold red]FAILED[/]"
 
 

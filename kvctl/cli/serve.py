@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -11,9 +12,11 @@ import typer
 from kvctl.cli.completion import template_names
 from kvctl.cli.errors import EXIT_FAILED, handle_errors
 from kvctl.cli.options import JsonOpt, RayOpt, RunOpt, RunsPosArg, SetOpt, StateDirOpt, TemplatePathOpt
+from kvctl.cli.options import NoHeadersOpt, OutputOpt, output_options
 from kvctl.errors import EXIT_INTERRUPTED
 
 
+@output_options
 @handle_errors
 def serve(
     ctx: typer.Context,
@@ -38,6 +41,8 @@ def serve(
     template_path: TemplatePathOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
 ) -> None:
     """Start a Mooncake master (embedded) and N vLLM replicas with the connector attached, and wait until all are healthy.
 
@@ -188,7 +193,8 @@ def _show_run(record: Any, json_out: bool) -> None:
     ray = record.ray["address"] if record.ray else None
     columns = ("replica", "url", *(("node",) if ray else ()), "pid", *(("cores",) if cpu else ()), "log")
     where = f"Ray cluster {ray}" + (f", {record.dir}" if record.dir else "") if ray else record.dir
-    table = output.table(*columns, title=f"run {record.name} ({where})")
+    # 80 columns: a log path is ~60 wide: -o wide's column, and the folder they are in is a line below
+    table = output.table(*columns, title=f"run {record.name} ({where})", wide_only=("log",))
     for r in record.replicas:
         cores = (r.cpus or "vLLM's own",) if cpu else ()
         node = (_node_cell(r.node),) if ray else ()
@@ -201,6 +207,9 @@ def _show_run(record: Any, json_out: bool) -> None:
         on = f", node {_node_cell(m.node)}" if ray and m.node else ""
         output.show(escape(f"master ({kind}): rpc {m.rpc_address}, admin {m.admin_address or '?'}{on}"))
     target = f"--ray {ray} {record.name}" if ray else record.name
+    logs = sorted({str(Path(r.log).parent) for r in record.replicas if r.log})
+    if logs and not output.wide():
+        output.show(escape(f"logs: {', '.join(logs)} (kvctl logs {record.name})"), soft_wrap=True)
     output.show(escape(f"reset it: kvctl reset {target} --connector --verify"))
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
 
 from kvctl.cli.errors import handle_errors
-from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt, TimeoutOpt,
-                               UrlsOpt, one_run)
+from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, NoHeadersOpt, OutputOpt, RayOpt, RunOpt, RunPosArg,
+                               StateDirOpt, TimeoutOpt, UrlsOpt, one_run, output_options)
 from kvctl.errors import UsageError
 
 
+@output_options
 @handle_errors
 def status(
     run_arg: RunPosArg = None,
@@ -32,6 +34,14 @@ def status(
                             "dev mode) and show one digest per replica. vLLM hashes every weight for it, "
                             "holding generation meanwhile: seconds on a large model.")] = False,
     json_out: JsonOpt = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Check again every --interval seconds until Ctrl-C (then exit 0): a terminal "
+                              "is redrawn; piped, one block per check after a timestamp line; with --json, "
+                              "one JSON object per line.")] = False,
+    interval: Annotated[float, typer.Option("--interval", metavar="S", help="With --watch: seconds between checks.")] = 2.0,
+    count: Annotated[Optional[int], typer.Option("--count", hidden=True, help="With --watch: stop after N checks.")] = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
 ) -> None:
     """Health, version, weights, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
 
@@ -44,6 +54,9 @@ def status(
     if timeout <= 0:
         raise UsageError("--timeout must be > 0")
     if run is not None and (url or inventory is not None):
+    if not interval > 0 or interval == float("inf") or (count is not None and count < 1):
+        raise UsageError(f"--interval must be a number of seconds > 0, got {interval!r}" if count is None or count >= 1
+                         else "--count must be >= 1")
         raise UsageError("give --run NAME or --url/--inventory, not both",
                          "--run reads the replicas and the master from the run record")
     try:
@@ -55,8 +68,13 @@ def status(
         raise
     import asyncio  # lazily: --help and other commands do not need it
 
-    result = asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.masters, timeout, run=targets.run,
-                                      cache_prefix=targets.fleet.cache_prefix, checksums=checksums))
+    def check() -> Any:
+        return asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.masters, timeout, run=targets.run,
+                                        cache_prefix=targets.fleet.cache_prefix, checksums=checksums))
+
+    if watch:
+        raise typer.Exit(_watch(check, interval, count, json_out))
+    result = check()
     if json_out:
         from kvctl.cli import output
 
@@ -67,6 +85,28 @@ def status(
 
 
 def _show_known_runs(state_dir: str | None) -> None:
+def _watch(check: Callable[[], Any], interval: float, count: int | None, json_out: bool) -> int:
+    """status --watch: check, print, sleep, until Ctrl-C (exit 0) or `count` checks (the last one's exit code)."""
+    from kvctl.cli import output
+
+    done = 0
+    try:
+        while True:
+            result = check()  # the previous frame stays on screen while the replicas answer
+            done += 1
+            if json_out:
+                output.print_json_line(result.to_dict())
+            else:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+                output.redraw(f"kvctl status at {stamp}, every {interval:g} s" + (
+                    "" if output.piped() else " (Ctrl-C stops)"), lambda: _print(result))
+            if count is not None and done >= count:
+                return int(result.exit_code)
+            time.sleep(interval)
+    except KeyboardInterrupt:  # the way to stop watching: not a failure
+        return 0
+
+
     from kvctl.cli.runs import show_runs
     from kvctl.serve import runs
 
@@ -82,7 +122,10 @@ def _print(result: Any) -> None:
 
     if result.run is not None:
         _print_run(result.run)
-    table = output.table("replica", "health", "version", "weights", "model", "local hit rate", "external hit rate")
+    # 80 columns: the model is a line under the table (one for replicas that serve the same) and the
+    # hit rates are percentages; -o wide: a model column and the token counts
+    table = output.table("replica", "health", "version", "weights", "model", "local hits", "store hits",
+                         wide_only=("model",))
     for r in result.replicas:
         table.add_row(escape(r.name), _health_cell(r), escape(r.version or "?"), _weights_cell(r),
                       escape(", ".join(r.models) or "?"),
@@ -90,6 +133,8 @@ def _print(result: Any) -> None:
                       _rate_cell(r.external_hit_rate, r.counters, "external"))
     output.show(table)
     for r in result.replicas:
+    if not output.wide():
+        _print_models(result.replicas)
         if r.error:
             style = "red" if not r.healthy else "yellow"
             where = "" if r.url.endswith("//" + r.name) else f" ({escape(r.url)})"
@@ -148,8 +193,16 @@ def _rate_cell(rate: float | None, counters: dict[str, Any] | None, kind: str) -
     if hits is None or queries is None:
         return "[dim]not exported[/]"
     if rate is None:
-        return "[dim]no queries yet[/]"
-    return f"{rate:.1%} [dim]({hits:.0f}/{queries:.0f} tokens)[/]"
+        return "[dim]no queries[/]"
+    from kvctl.cli import output
+
+    return f"{rate:.1%}" + (f" [dim]({hits:.0f}/{queries:.0f} tokens)[/]" if output.wide() else "")
+
+
+def _print_models(replicas: list[Any]) -> None:
+    from kvctl.cli import output
+
+    output.per_value("model", ((r.name, ", ".join(r.models) or "?") for r in replicas))
 
 
 def _master_line(m: Any) -> str:

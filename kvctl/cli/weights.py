@@ -10,12 +10,14 @@ import typer
 from kvctl.cli.errors import finish_with_receipt, handle_errors
 from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, RayOpt, RunOpt, RunPosArg, StateDirOpt,
                                UrlsOpt, one_run)
+from kvctl.cli.options import NoHeadersOpt, OutputOpt, output_options
 
 app = typer.Typer(help="Update the weights of every replica as one verified fleet operation, and show what each runs.",
                   no_args_is_help=True)
 
 
 @app.command("update")
+@output_options
 @handle_errors
 def update(
     from_path: Annotated[Path, typer.Option("--from", metavar="PATH", show_default=False, help="The folder of the new weights (*.safetensors), as the servers will read it: each reloads it in place (collective_rpc reload_weights, vLLM >= 0.16.0, dev mode).")],
@@ -40,6 +42,8 @@ def update(
     concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Replicas handled at once.")] = 256,
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Reload new weights on every replica, set their version, and hard-reset every cache, while the fleet is paused.
@@ -94,12 +98,13 @@ def _print_plan(receipt: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "vLLM", "weight version", "will send", "checksums", title="plan (dry run)",
-                         wrap=("will send",))
+    # 80 columns: vLLM is -o wide's column, and the folder (in the summary line) is in wide's cells only
+    table = output.table("replica", "vLLM", "weights", "will send", "checksums", title="plan (dry run)",
+                         wrap=("will send",), wide_only=("vLLM",))
     version = receipt.version
+    reload = f"reload_weights({receipt.weights_path})" if output.wide() else "reload_weights"
     for r in receipt.plan.replicas:
-        send = ["pause", f"reload_weights({receipt.weights_path})"] + ([f"update_weight_version({version})"]
-                                                                        if r.sets_version else [])
+        send = ["pause", reload] + ([f"update_weight_version({version})"] if r.sets_version else [])
         send += ["hard reset (prefix cache, store, mm, encoder)", "resume"]
         table.add_row(escape(r.name), escape(r.vllm_version or "?"), escape(r.version_before or "-"),
                       escape("\n".join(send)), "yes" if r.reports_checksums else "[dim]not reported[/]")
@@ -119,7 +124,9 @@ def _print_results(receipt: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "version", "checksum", "reload", "reset", "state", wrap=("state",))
+    # 80 columns: the checksums before -> after are -o wide's (equal checksums are named in the notes)
+    table = output.table("replica", "version", "checksum", "reload", "reset", "state", wrap=("state",),
+                         wide_only=("checksum",))
     for r in receipt.replicas:
         version = f"{r.version_before or '?'} -> {r.version_after or '?'}"
         checksum = f"{r.checksum_before or '-'} -> {r.checksum_after or '-'}"
@@ -150,6 +157,7 @@ def _step_cell(step: Any) -> str:
 
 
 @app.command("show")
+@output_options
 @handle_errors
 def show(
     run_arg: RunPosArg = None,
@@ -161,6 +169,8 @@ def show(
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds (the checksums get at least 120 s).")] = 10.0,
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
+    output_format: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Each replica's weight version (GET /weight_info, vLLM >= 0.27.0) and checksum digest, and whether a shared store mixes them.
@@ -191,8 +201,9 @@ def _print_show(report: Any) -> None:
 
     from kvctl.cli import output
 
-    table = output.table("replica", "vLLM", "weight version", "checksum digest", "cache namespace",
-                         wrap=("weight version", "checksum digest"))
+    # a digest is never broken (it is compared by eye and grep); 80 columns: vLLM is -o wide's column
+    table = output.table("replica", "vLLM", "weight version", "checksum", "cache namespace",
+                         wrap=("weight version",), wide_only=("vLLM",))
     for r in report.replicas:
         if r.error:
             table.add_row(escape(r.name), "?", f"[red]{escape(r.error)}[/]", "", "")

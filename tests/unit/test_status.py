@@ -152,8 +152,10 @@ def test_cli_table_and_exit_codes(cli, doubles: DoubleFleet) -> None:
     result = cli("status", "--url", a.url, "--master", master, "--timeout", "2")
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert "replica" in out and "local hit rate" in out and "tiny" in out and "0.32.0+cpu" in out
-    assert "40.0%" in out and "(32/80 tokens)" in out
+    assert "replica" in out and "local hits" in out and "model tiny (" in out and "0.32.0+cpu" in out
+    assert "40.0%" in out and "tokens" not in out  # 80 columns: the counts are -o wide's
+    wide = cli("status", "--url", a.url, "--master", master, "--timeout", "2", "-o", "wide").stdout
+    assert "(32/80 tokens)" in wide and "│ tiny " in wide and "model tiny" not in wide
     assert f"master {master}: reachable, 2 key(s), 8.0 KiB of 256.0 MiB allocated" in out
     assert "1/1 replica(s) healthy; master reachable" in out
 

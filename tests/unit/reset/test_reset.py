@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -293,9 +294,16 @@ def test_json_receipt_shape(doubles: DoubleFleet, cli) -> None:
 
 def test_table_output(doubles: DoubleFleet, cli) -> None:
     replica = VllmDouble("0.32.0+cpu", connector=None, name="a")
-    result = cli("reset", "--url", doubles.add(replica))
+    url = doubles.add(replica)
+    result = cli("reset", "--url", url)
     assert result.exit_code == 0
-    assert "prefix cache" in result.stdout and "1/1 replica(s) reset (local caches only" in result.stdout
+    assert "operations" in result.stdout and "1/1 replica(s) reset (local caches only" in result.stdout
+    assert re.search(r"│ \d ok, \d+ ms +│", result.stdout), result.stdout  # 80 columns: one cell for them all
+    wide = cli("reset", "--url", url, "-o", "wide").stdout  # a column per operation
+    assert "prefix cache" in wide and "encoder cache" in wide and "operations" not in wide
+    broken = VllmDouble("0.26.0", connector=None, faults=Faults(status={"/reset_prefix_cache": 500}))
+    failed = cli("reset", "--url", doubles.add(broken), "--retries", "0")
+    assert failed.exit_code == 1 and "prefix cache FAILED 500" in failed.stdout, failed.stdout
 
 
 def test_python_api_raises_when_asked(doubles: DoubleFleet) -> None:

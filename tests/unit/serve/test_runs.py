@@ -103,16 +103,18 @@ def test_runs_lists_every_run_with_its_corrected_state(cli, tmp_path: Path, slee
     make_run(tmp_path, "old", "stopped", [], age=5 * 86400 + 60, replicas=1)
     make_run(tmp_path, "bad", "failed", [], age=3 * 3600, embedded=False)
 
-    result = cli("runs", "--state-dir", str(tmp_path))
+    result = cli("runs", "--state-dir", str(tmp_path), "-o", "wide")  # with master and cache_prefix
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     assert f"runs in {tmp_path / 'runs'}" in out
-    assert row(out, "rl")[1:6] == ["running", "3m", "2/2 live", "127.0.0.1:50051 (embedded)", "/models/tiny"]
+    assert row(out, "rl")[1:6] == ["running", "3m", "2/2 live", "/models/tiny", "127.0.0.1:50051 (embedded)"]
     assert row(out, "rl")[6] == "rl"  # cache_prefix
     assert row(out, "half")[1] == "running" and row(out, "half")[2].endswith("s") and row(out, "half")[3] == "1/2 live"
     assert row(out, "crashed")[1:4] == ["exited", "2h", "2"]
     assert row(out, "old")[1:4] == ["stopped", "5d", "1"]
-    assert row(out, "bad")[1:5] == ["failed", "3h", "2", "127.0.0.1:50051"]  # an external master: no marker
+    assert row(out, "bad")[1:6] == ["failed", "3h", "2", "/models/tiny", "127.0.0.1:50051"]  # external: no marker
+    narrow = cli("runs", "--state-dir", str(tmp_path)).stdout  # 80 columns: no master, no cache_prefix
+    assert row(narrow, "rl")[1:] == ["running", "3m", "2/2 live", "/models/tiny"]
     assert first_cells(out) == ["half", "rl", "crashed", "bad", "old"]  # newest first
     assert "exited: recorded as running, but none of its processes is alive" in out
 
@@ -196,7 +198,7 @@ def test_a_live_runs_name_is_refused_and_nothing_moves(tmp_path: Path, sleeper: 
     with pytest.raises(UsageError) as err:
         lifecycle.claim_run(new_record(tmp_path, "rl"))
     assert f"run 'rl' is still running: replica r0 (pid {replica.pid})" in err.value.message
-    assert "kvctl stop --run rl" in (err.value.hint or "") and "--replace" in (err.value.hint or "")
+    assert "kvctl stop rl" in (err.value.hint or "") and "--replace" in (err.value.hint or "")
     assert sorted(p.name for p in (runs.runs_dir(tmp_path) / "rl").iterdir()) == before
     assert alive(replica) and runs.load("rl", tmp_path).state == "running"
 
@@ -299,7 +301,7 @@ def test_serve_refuses_a_live_name_and_replace_takes_it(cli, tmp_path: Path, sle
     refused = serve(cli, tmp_path, "rl")
     assert refused.exit_code == 2, refused.stderr
     assert "run 'rl' is still running: replica r0" in refused.stderr
-    assert "kvctl stop --run rl" in refused.stderr and "--replace" in refused.stderr
+    assert "kvctl stop rl" in refused.stderr and "--replace" in refused.stderr
     assert all(alive(p) for p in mine) and not (runs.runs_dir(tmp_path) / "rl" / "previous").exists()
 
     replaced = serve(cli, tmp_path, "rl", "--replace")
@@ -336,7 +338,7 @@ def test_rm_refuses_a_running_run_and_removes_nothing(cli, tmp_path: Path, sleep
     result = cli("rm", "done", "live", "--state-dir", str(tmp_path))
     assert result.exit_code == 2
     assert f"run 'live' is still running: replica r0 (pid {replica.pid})" in result.stderr
-    assert "kvctl stop --run live first, or kvctl rm --force done live" in result.stderr
+    assert "kvctl stop live first, or kvctl rm --force done live" in result.stderr
     assert alive(replica) and sorted(p.name for p in runs.runs_dir(tmp_path).iterdir()) == ["done", "live"]
 
 

@@ -33,7 +33,6 @@ def status(
         "--checksums", help="Also ask each replica for its weight checksums (POST /weight_checker, vLLM 0.32+, "
                             "dev mode) and show one digest per replica. vLLM hashes every weight for it, "
                             "holding generation meanwhile: seconds on a large model.")] = False,
-    json_out: JsonOpt = False,
     watch: Annotated[bool, typer.Option(
         "--watch", "-w", help="Check again every --interval seconds until Ctrl-C (then exit 0): a terminal "
                               "is redrawn; piped, one block per check after a timestamp line; with --json, "
@@ -42,6 +41,7 @@ def status(
     count: Annotated[Optional[int], typer.Option("--count", hidden=True, help="With --watch: stop after N checks.")] = None,
     output_format: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Health, version, weights, model and prefix-cache hit rates of every replica, and the Mooncake master's keys.
 
@@ -53,10 +53,10 @@ def status(
     run = one_run(run_arg, run, "status")
     if timeout <= 0:
         raise UsageError("--timeout must be > 0")
-    if run is not None and (url or inventory is not None):
     if not interval > 0 or interval == float("inf") or (count is not None and count < 1):
         raise UsageError(f"--interval must be a number of seconds > 0, got {interval!r}" if count is None or count >= 1
                          else "--count must be >= 1")
+    if run is not None and (url or inventory is not None):
         raise UsageError("give --run NAME or --url/--inventory, not both",
                          "--run reads the replicas and the master from the run record")
     try:
@@ -84,7 +84,6 @@ def status(
     raise typer.Exit(result.exit_code)
 
 
-def _show_known_runs(state_dir: str | None) -> None:
 def _watch(check: Callable[[], Any], interval: float, count: int | None, json_out: bool) -> int:
     """status --watch: check, print, sleep, until Ctrl-C (exit 0) or `count` checks (the last one's exit code)."""
     from kvctl.cli import output
@@ -107,6 +106,7 @@ def _watch(check: Callable[[], Any], interval: float, count: int | None, json_ou
         return 0
 
 
+def _show_known_runs(state_dir: str | None) -> None:
     from kvctl.cli.runs import show_runs
     from kvctl.serve import runs
 
@@ -132,9 +132,9 @@ def _print(result: Any) -> None:
                       _rate_cell(r.local_hit_rate, r.counters, "local"),
                       _rate_cell(r.external_hit_rate, r.counters, "external"))
     output.show(table)
-    for r in result.replicas:
     if not output.wide():
         _print_models(result.replicas)
+    for r in result.replicas:
         if r.error:
             style = "red" if not r.healthy else "yellow"
             where = "" if r.url.endswith("//" + r.name) else f" ({escape(r.url)})"

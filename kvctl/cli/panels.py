@@ -36,7 +36,7 @@ __all__ = ["PANELS", "tidy", "tidy_tree", "unpaneled"]
 
 _TARGETS = ("Targets", ["--run", "--url", "--inventory", "--master", "--master-admin", "--master-rpc", "--ray",
                         "--state-dir"])
-_OUTPUT = ("Output", ["--json", "--help"])
+_OUTPUT = ("Output", ["--output", "--no-headers", "--json", "--help"])
 
 # command path -> its panels in order, each (title, options by their long name); the Arguments panel
 # (Typer's) comes first
@@ -65,7 +65,7 @@ PANELS: dict[str, list[tuple[str, list[str]]]] = {
         ("Ray", ["--ray", "--ray-master-resource"]),
         _OUTPUT,
     ],
-    "status": [_TARGETS, ("Checks", ["--checksums", "--timeout"]), _OUTPUT],
+    "status": [_TARGETS, ("Checks", ["--checksums", "--timeout", "--watch", "--interval"]), _OUTPUT],
     "weights show": [_TARGETS, ("Checks", ["--checksums", "--timeout"]), _OUTPUT],
     "probe": [_TARGETS, ("Probe", ["--prompts", "--max-tokens", "--tolerance", "--timeout"]), _OUTPUT],
 }

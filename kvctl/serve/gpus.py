@@ -97,7 +97,7 @@ class Holdings:
 
     devices: dict[str, str] = field(default_factory=dict)
     pids: dict[int, str] = field(default_factory=dict)
-    runs: dict[str, str] = field(default_factory=dict)  # who -> the run's name (for the fix: kvctl stop --run)
+    runs: dict[str, str] = field(default_factory=dict)  # who -> the run's name (for the fix: kvctl stop NAME)
 
 
 def visible_entries(value: str | None) -> list[str] | None:
@@ -302,7 +302,7 @@ def _owner(pid: int, replica_pids: Mapping[int, str]) -> str | None:
 
 
 def _fix(held: Holdings, blocked: Mapping[str, str]) -> str:
-    frees = [f"kvctl stop --run {name}" for name in sorted({name for who, name in held.runs.items()
+    frees = [f"kvctl stop {name}" for name in sorted({name for who, name in held.runs.items()
                                                              if f"held by {who}" in blocked.values()})]
     if any(why.startswith("pid ") for why in blocked.values()):
         frees.append("end the other process named above")

@@ -113,8 +113,8 @@ def claim_run(record: RunRecord, *, replace: bool = False, grace: float = 10.0,
     live = runs.live_processes(old, liveness(old)) if old is not None else []
     if live and not replace:
         raise UsageError(f"run '{record.name}' is still running: {runs.describe(live)}",
-                         f"stop it first (kvctl stop --run {record.name}), pass --replace to stop it and start "
-                         "again under that name (its logs are kept), or pick another --name")
+                         f"stop it first (kvctl stop {record.name}), pass --replace to stop it and start "
+                         "again under that name (its logs are kept), or pick another --run NAME")
     if live:
         assert old is not None
         if old.state == "starting" and old.supervisor in live:
@@ -127,14 +127,14 @@ def claim_run(record: RunRecord, *, replace: bool = False, grace: float = 10.0,
         live = runs.live_processes(old, liveness(old)) if old is not None else []
         if live:
             raise KvctlError(f"run '{record.name}' still has live processes: {runs.describe(live)}",
-                             f"kvctl stop --run {record.name}, then try again")
+                             f"kvctl stop {record.name}, then try again")
         previous = runs.archive(folder, runs.stamp(old.created if old is not None else None))
         record.supervisor = _this_process()
         try:
             record.create()
         except FileExistsError:
             raise UsageError(f"another kvctl serve claimed the name '{record.name}' just now",
-                             "pick another --name") from None
+                             "pick another --run NAME") from None
     if previous is not None:
         emit("archived", name=record.name, previous=previous)
     return previous
@@ -154,7 +154,8 @@ def remove_runs(names: list[str], state_dir: str | Path | None = None, *, force:
     found = {name: _summary_or_none(f) for name, f in folders.items()}
     refused = [n for n, s in found.items() if s is None or s.live]
     if refused and not force:
-        stops = " and ".join(f"kvctl stop --run {n}" for n in refused if found[n] is not None)
+        stoppable = [n for n in refused if found[n] is not None]
+        stops = f"kvctl stop {' '.join(stoppable)}" if stoppable else ""
         raise UsageError("; ".join(_refusal(n, found[n]) for n in refused),
                          (f"{stops} first, or " if stops else "") + f"kvctl rm --force {' '.join(names)}"
                          + (" (stops, then removes)" if stops else ""))
@@ -169,7 +170,7 @@ def remove_runs(names: list[str], state_dir: str | Path | None = None, *, force:
             live = runs.live_processes(record, liveness(record)) if record is not None else []
             if live:
                 raise KvctlError(f"run '{item.name}' is running again: {runs.describe(live)}",
-                                 f"kvctl stop --run {item.name}, then kvctl rm {item.name}")
+                                 f"kvctl stop {item.name}, then kvctl rm {item.name}")
         for item in removed:
             runs.remove_folder(folders[item.name])
     for record in records.values():  # a Ray run's record in its cluster goes too

@@ -390,7 +390,7 @@ def remove(address: str, names: list[str], state_dir: str | Path | None = None, 
     busy = [n for n, what in live.items() if what]
     if busy and not force:
         raise UsageError("; ".join(f"run '{n}' is still running: {live[n]}" for n in busy),
-                         " and ".join(f"kvctl stop --ray {address} --run {n}" for n in busy)
+                         f"kvctl stop --ray {address} {' '.join(busy)}"
                          + f" first, or kvctl rm --ray {address} --force {' '.join(names)}")
     removed = []
     for name, record in records.items():

@@ -174,8 +174,8 @@ def _claim_in_cluster(name: str, spec: ServeSpec, emit: Event) -> None:
     what = runs.describe(live) if live else "actor(s) " + ", ".join(actors)
     if not spec.replace:
         raise UsageError(f"run '{name}' is still running on the Ray cluster: {what}",
-                         f"stop it first (kvctl stop --ray {spec.ray} --run {name}), pass --replace, "
-                         "or pick another --name")
+                         f"stop it first (kvctl stop --ray {spec.ray} {name}), pass --replace, "
+                         "or pick another --run NAME")
     if old is not None:
         record = ray_fleet.load(spec.ray or "", name, spec.state_dir)  # with its local folder if it has one here
     else:  # actors without a record (a start interrupted before its first write): stop them by name

@@ -207,7 +207,7 @@ def test_gpus_held_by_a_live_kvctl_run_are_skipped(tmp_path: Path,
         allocate(1, 3, env, held)
     assert f"GPU 1 (NVIDIA H100 80GB HBM3, {UUIDS[1]}): held by run other replica r0 (pid {ref.pid})" \
         in err.value.message and "computes" not in err.value.message
-    assert (err.value.hint or "").startswith("free GPUs (kvctl stop --run other), lower --replicas")
+    assert (err.value.hint or "").startswith("free GPUs (kvctl stop other), lower --replicas")
 
 
 def test_a_kvctl_run_on_one_mig_instance_leaves_the_other_free(
@@ -294,7 +294,7 @@ def test_serve_gives_each_gpu_replica_its_own_free_gpu(cli, tmp_path: Path, monk
             refused = serve("c", 1)
             assert refused.exit_code == 2 and "0 of the 4 visible are free" in refused.stderr
             assert "held by run a replica r0" in refused.stderr and f"pid {os.getpid()} computes" in refused.stderr
-            assert "kvctl stop --run a; kvctl stop --run b; end the other process" in refused.stderr
+            assert "kvctl stop a; kvctl stop b; end the other process" in refused.stderr
             assert runs.load("c", state).replicas == []
         finally:
             for name in ("a", "b"):

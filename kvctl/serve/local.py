@@ -216,14 +216,15 @@ def _wait_healthy(record: RunRecord, timeout: float, emit: Event) -> None:
 
 
 def master_admin_of(spec: ServeSpec) -> str | None:
-    """--master-admin as the run records it: one master's admin HOST:PORT, or an HA group's, comma-separated."""
+    """--master (the admin port) as the run records it: one master's admin HOST:PORT, or an HA group's,
+    comma-separated."""
     if not spec.master_admin:
         return None
     parts = [p.strip() for p in spec.master_admin.replace(" ", ",").split(",") if p.strip()]
     for part in parts:
         host, _, port = part.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"--master-admin {spec.master_admin}: '{part}' is not HOST:PORT",
+            raise UsageError(f"--master {spec.master_admin}: '{part}' is not HOST:PORT",
                              "give the master's admin/metrics port, e.g. 127.0.0.1:9003 (an HA group: every "
                              "master's, comma-separated)")
     return ",".join(parts)
@@ -239,8 +240,8 @@ def check_master_reachable(master: str, timeout: float = 3.0) -> None:
         except OSError as exc:
             what = "etcd endpoint" if master.startswith("etcd://") else "Mooncake master"
             raise ServeError(f"the {what} at {host}:{port} is unreachable ({exc})",
-                             "start it first, check --master (the master's RPC port, or etcd://HOST:PORT of an HA "
-                             "group), or use --master embedded") from None
+                             "start it first, check --master-rpc (the master's RPC port, or etcd://HOST:PORT of an "
+                             "HA group), or use --master embedded") from None
 
 
 def _url_host(host: str) -> str:

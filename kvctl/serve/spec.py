@@ -25,8 +25,10 @@ class ServeSpec:
     template: str = "mooncake-store"
     overrides: dict[str, str] = field(default_factory=dict)
     replicas: int = 1
-    master: str = "embedded"  # or the RPC address HOST:PORT of a running master
-    master_admin: str | None = None  # admin/metrics HOST:PORT of that master (for status/reset)
+    # "embedded", or where vLLM connects to a running master: its RPC address HOST:PORT or an HA group's
+    # etcd://... (the CLI's --master-rpc; serve.master_flags turns the CLI's flags into these two)
+    master: str = "embedded"
+    master_admin: str | None = None  # admin/metrics HOST:PORT of that master (the CLI's --master; status/reset)
     host: str = "127.0.0.1"
     base_port: int | None = None
     name: str | None = None
@@ -83,19 +85,20 @@ def check_spec(spec: ServeSpec) -> None:
     check_master_args(spec)
 
 
-def master_endpoints(master: str) -> list[tuple[str, int]]:
-    """(host, port) of each endpoint of --master: the master's RPC address HOST:PORT, or an HA group's etcd
-    `etcd://HOST:PORT;HOST:PORT` (Mooncake's master_server_address form, mooncake-store client_service.h)."""
-    fix = "give 'embedded', the master's RPC address HOST:PORT, or etcd://HOST:PORT[;HOST:PORT...] for an HA group"
+def master_endpoints(master: str, flag: str = "--master-rpc") -> list[tuple[str, int]]:
+    """(host, port) of each endpoint of the address vLLM connects to: the master's RPC address HOST:PORT, or
+    an HA group's etcd `etcd://HOST:PORT;HOST:PORT` (Mooncake's master_server_address form, mooncake-store
+    client_service.h)."""
+    fix = "give the master's RPC address HOST:PORT, or etcd://HOST:PORT[;HOST:PORT...] for an HA group"
     if "://" in master and not master.startswith("etcd://"):
-        raise UsageError(f"--master {master}: only etcd:// names an HA group (a redis-backed HA master is not in "
+        raise UsageError(f"{flag} {master}: only etcd:// names an HA group (a redis-backed HA master is not in "
                          "Mooncake's published wheels)", fix)
     parts = master.removeprefix("etcd://").split(";") if master.startswith("etcd://") else [master]
     out = []
     for part in parts:
         host, _, port = part.strip().rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"--master {master}: '{part}' is not HOST:PORT", fix)
+            raise UsageError(f"{flag} {master}: '{part}' is not HOST:PORT", fix)
         out.append((host.strip("[]"), int(port)))
     return out
 

@@ -156,6 +156,10 @@ class MasterAdmin(HttpClientBase):
             if exc.kind == "timeout":
                 raise self._error(f"{method} {path}: no answer within {self.timeout:g}s "
                                   f"({exc.cause_name})") from None
+            if exc.kind == "other":  # connected, no HTTP answer: most likely the master's RPC port
+                raise self._error(f"{method} {path}: answers no HTTP ({exc}): is it the master's RPC port, not "
+                                  "its admin port?", "give the master's admin/metrics port (mooncake_master "
+                                  "--metrics_port, default 9003) as --master, and the RPC port as --master-rpc") from None
             raise self._error(f"{method} {path}: {exc}") from None
 
     def _check_status(self, response: HttpResponse, method: str, path: str,

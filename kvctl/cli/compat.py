@@ -54,6 +54,10 @@ def check(
         raise UsageError("give --vllm-version or --url, not both")
     if template and config:
         raise UsageError("give --template or --config, not both")
+    if url is not None:  # HOST:PORT or a URL, as --url is for reset, status and probe
+        from kvctl.targets import normalize_url
+
+        url = normalize_url(url, "--url")
     version, version_source, server_ktc = _version(vllm_version, url, timeout)
     ktc, layout_source = _layout(template, config, template_path, server_ktc, url)
     report = assess(version, ktc, version_source, layout_source)

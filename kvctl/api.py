@@ -80,6 +80,8 @@ async def hard_reset_async(
     Same targets and options as `kvctl reset`; returns the receipt. With raise_on_failure, a
     receipt that is not fully ok raises ResetFailed (carrying the receipt). With verify, replicas that
     share one cache namespace but serve different weights fail it, unless allow_mixed_weights.
+    master=None and master_rpc=None read $KVCTL_MASTER and $KVCTL_MASTER_RPC, as the CLI does, where
+    no run or inventory names the master; master is its admin/metrics port, master_rpc its RPC port.
     Bad targets raise kvctl.errors.UsageError. Errors, hints and receipt lines name these keywords
     where the CLI's name its flags (master= for --master).
     """
@@ -119,7 +121,7 @@ async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | Non
         options.check()  # before any replica is read
         texts = check_prompts(prompts)
         fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run,
-                            state_dir=str(state_dir) if state_dir else None, ray=ray)
+                            state_dir=str(state_dir) if state_dir else None, ray=ray, masters_from_env=False)
         return receipt_for_python(await probe_fleet(fleet, texts, options))
 
 

@@ -30,6 +30,8 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
     """Run kvctl in-process; stdout and stderr kept apart (rendered configs must be pipeable)."""
     monkeypatch.delenv("KVCTL_TEMPLATE_PATH", raising=False)
     monkeypatch.delenv("KVCTL_DEBUG", raising=False)
+    for name in ("KVCTL_MASTER", "KVCTL_MASTER_RPC"):  # a developer's defaults stay out of tests
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "200")
     runner = CliRunner()
 

@@ -45,7 +45,7 @@ def probe(
     run = one_run(run_arg, run, "probe")
     if max_tokens < 1 or not timeout > 0 or (tolerance is not None and not tolerance >= 0):
         raise UsageError("--max-tokens must be >= 1, --timeout > 0 and --tolerance >= 0")
-    fleet = build_fleet(url, inventory, None, run=run, state_dir=state_dir, ray=ray)
+    fleet = build_fleet(url, inventory, None, run=run, state_dir=state_dir, ray=ray, masters_from_env=False)
     texts = load_prompts(prompts) if prompts else None
     options = ProbeOptions(max_tokens=max_tokens, timeout=timeout, tolerance=tolerance)
     # SIGINT, SIGTERM and SIGHUP end the probe alike: a message and 128 + the signal (it changes nothing)

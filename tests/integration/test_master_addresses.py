@@ -162,3 +162,21 @@ def test_master_env_variables_for_the_cli_and_the_python_api(empty_master: Maste
     plan = json.loads(wrong.stdout)["plan"]
     assert wrong.exit_code == 1 and plan["error"].startswith(f"KVCTL_MASTER {empty_master.rpc_address} answers no HTTP")
     assert f"set KVCTL_MASTER_RPC={empty_master.rpc_address} and KVCTL_MASTER=ADMIN" in plan["hint"]
+
+
+def test_weights_update_and_status_say_so_too(master: MasterProcess, tmp_path: Path, cli) -> None:
+    rpc = master.rpc_address
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "model.safetensors").write_bytes(b"")
+    with DoubleFleet() as fleet:
+        double = VllmDouble("0.32.0")
+        url = fleet.add(double)
+        weights = cli("weights", "update", "--from", str(tmp_path / "w"), "--url", url, "--master", rpc,
+                      "--dry-run", "--json")
+        status = cli("status", "--url", url, "--master", rpc, "--json")
+    assert weights.exit_code == 1, weights.stdout
+    assert "is the master's RPC port, not its admin port" in json.loads(weights.stdout)["plan"]["reset"]["error"]
+    assert not _resets([double])
+    masters = json.loads(status.stdout)["masters"]
+    assert status.exit_code == 1 and "answers no HTTP" in masters[0]["error"]
+    assert "is it the master's RPC port, not its admin port?" in masters[0]["error"]

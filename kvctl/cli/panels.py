@@ -60,7 +60,7 @@ PANELS: dict[str, list[tuple[str, list[str]]]] = {
     "serve": [
         ("Replicas", ["--template", "--set", "--template-path", "--replicas", "--vllm-python", "--host",
                       "--base-port", "--allow-remote-admin", "--health-timeout"]),
-        ("Mooncake master", ["--master", "--master-admin", "--master-arg"]),
+        ("Mooncake master", ["--master", "--master-rpc", "--master-admin", "--master-arg"]),
         ("Run", ["--run", "--name", "--replace", "--detach", "--state-dir"]),
         ("Ray", ["--ray", "--ray-master-resource"]),
         _OUTPUT,

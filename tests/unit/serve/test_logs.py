@@ -263,3 +263,33 @@ def test_logs_help_imports_nothing_heavy() -> None:
                           env={**os.environ, "COLUMNS": "80"})
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr
     assert "kvctl logs" in proc.stdout
+
+
+def test_logs_of_a_run_kvctl_serve_started(cli, tmp_path: Path) -> None:
+    """The files and record a real `kvctl serve --detach` leaves (real mooncake_master, the vLLM double)."""
+    from tests.integration.helpers import require_mooncake
+    from tests.unit.serve.test_serve import serve_args
+
+    require_mooncake()
+    state = tmp_path / "state"
+    started = cli(*serve_args(tmp_path, "lg", "--replicas", "2", "--detach"))
+    assert started.exit_code == 0, started.stderr
+    try:
+        record = runs.load("lg", state)
+        for r in record.replicas:  # the vLLM double writes nothing: a line where serve sent its output
+            with open(r.log, "a") as out:
+                out.write(f"INFO served by {r.name}\n")
+        every = cli("logs", "lg", "--state-dir", str(state))
+        assert every.exit_code == 0, every.stderr
+        names = [line.split(" | ", 1)[0].strip() for line in every.stdout.splitlines()]
+        assert set(names) == {"r0", "r1", "master"} and names.index("master") > max(names.index("r0"), names.index("r1"))
+        assert "r1     | INFO served by r1" in every.stdout
+        for name, path in [(r.name, r.log) for r in record.replicas] + [("master", record.master.log)]:
+            one = cli("logs", "lg", name, "--state-dir", str(state))
+            assert one.exit_code == 0 and one.stdout == Path(path).read_text(errors="replace")
+    finally:
+        assert cli("stop", "--run", "lg", "--state-dir", str(state)).exit_code == 0
+    ended = subprocess.run([KVCTL, "logs", "lg", "-f", "--tail", "1", "--state-dir", str(state)],
+                           capture_output=True, text=True, timeout=30)  # nothing lives: ends at once
+    assert ended.returncode == 0 and "stopped following" in ended.stderr
+    assert len(ended.stdout.splitlines()) == 3  # the last line of each

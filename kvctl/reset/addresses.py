@@ -74,8 +74,8 @@ async def check_addresses(plan: Plan, fleet: Fleet, http: HttpPool) -> tuple[str
     admin_src, rpc_src = fleet.master_source or "--master", fleet.master_rpc_source or "--master-rpc"
     for address, kind in zip(admins, kinds):
         if kind.kind == "not_http":
-            return (f"{admin_src} {address} answers no HTTP ({kind.detail}): it is the master's RPC port, not its "
-                    "admin port", _fix(admin_src, rpc=address))
+            return (f"{admin_src} {address} answers no HTTP: it is the master's RPC port, not its admin port",
+                    _fix(admin_src, rpc=address))
         if kind.kind == "other_http":
             return f"{admin_src} {address} is not a Mooncake master's admin port: {kind.detail}", _fix(admin_src)
     for address, kind in zip(rpcs, kinds[len(admins):]):

@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -410,3 +411,22 @@ def test_no_doc_installs_a_distribution_that_does_not_exist() -> None:
                 if extra and extra not in extras:
                     problems.append(f"{key[0]}:{block.line}: extra [{extra}] is not in pyproject.toml")
     assert not problems, "\n".join(problems)
+
+
+def test_the_readme_names_every_command_without_json() -> None:
+    """README.md: "Every command that reports something takes --json, except ..." stays true."""
+    import typer.main
+
+    from kvctl.cli.main import app
+
+    def walk(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
+        if hasattr(group, "commands"):  # a group (Typer's click may be its own copy: no isinstance)
+            return [pair for name, sub in group.commands.items() for pair in walk(sub, (*path, name))]
+        return [(" ".join(path), group)]
+
+    without = sorted(name for name, command in walk(typer.main.get_command(app))
+                     if not any("--json" in p.opts for p in command.params))
+    readme = (REPO / "README.md").read_text()
+    claim = readme[readme.index("Every command that reports something takes `--json`"):][:400]
+    named = sorted(n for n in without if f"`{n}`" in claim or f"`kvctl {n}`" in claim)
+    assert named == without, f"commands without --json: {without}; the README's sentence names {named}"

@@ -125,8 +125,8 @@ def _write(text: str) -> None:
 
 @contextmanager
 def _reader_gone() -> Iterator[None]:
-    """`kvctl ... | head` closes the pipe early: stop quietly as other CLIs do (exit 141, 128 + SIGPIPE),
-    not with an internal error; later writes (Python's own flush at exit) go to /dev/null."""
+    """`kvctl ... | head` closes the pipe early: stop quietly with exit 1, as Rich's own prints and click
+    do, not with an internal error; later writes (Python's own flush at exit) go to /dev/null."""
     try:
         yield
     except BrokenPipeError:
@@ -134,7 +134,7 @@ def _reader_gone() -> Iterator[None]:
 
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, console().file.fileno())
-        raise typer.Exit(141) from None
+        raise typer.Exit(1) from None
 
 
 def note(message: str) -> None:

@@ -93,10 +93,12 @@ def show_runs(found: list[RunSummary], where: Path | str) -> None:
                       _replicas_cell(s), _escape(s.model or "?"), _escape(_master_cell(s)),
                       _escape(s.cache_prefix or "-"))
     output.show(table)
-    for state in sorted({s.state for s in found} & LEGEND.keys()):
-        output.show(f"[dim]{_escape(LEGEND[state])}[/]", soft_wrap=True)
-    for address in sorted({s.ray for s in found if s.ray and not s.checked}):
-        output.show(f"[dim]{_escape(RAY_LEGEND.format(address=address))}[/]", soft_wrap=True)
+    # what a state means: under the table (wrapped at 80 columns), on stderr when it prints plain rows
+    # (stdout is then rows only, for awk)
+    legends = [LEGEND[state] for state in sorted({s.state for s in found} & LEGEND.keys())]
+    legends += [RAY_LEGEND.format(address=a) for a in sorted({s.ray for s in found if s.ray and not s.checked})]
+    for legend in legends:
+        output.note(legend) if output.plain() else output.show(f"[dim]{_escape(legend)}[/]")
 
 
 def _replicas_cell(s: RunSummary) -> str:

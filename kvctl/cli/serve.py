@@ -216,7 +216,8 @@ def _show_run(record: Any, json_out: bool) -> None:
     target = f"--ray {ray} {record.name}" if ray else record.name
     logs = sorted({str(Path(r.log).parent) for r in record.replicas if r.log})
     if logs and not output.wide():
-        output.show(escape(f"logs: {', '.join(logs)} (kvctl logs {record.name})"), soft_wrap=True)
+        output.show(escape(f"logs: {', '.join(logs)}"), soft_wrap=True)  # a path: never broken
+        output.show(escape(f"read them: kvctl logs {record.name} -f"))
     output.show(escape(f"reset it: kvctl reset {target} --connector --verify"))
 
 

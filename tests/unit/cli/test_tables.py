@@ -31,11 +31,13 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_in_tty(args: list[str], columns: int) -> str:
-    """Run `python -m kvctl ARGS` on a pty of `columns` x 40; return what it printed (no colours)."""
+def run_in_tty(args: list[str], columns: int, module: bool = True, keep_ansi: bool = False,
+               exit_codes: tuple[int, ...] = (0,)) -> str:
+    """Run `python -m kvctl ARGS` (module=False: `python ARGS`) on a pty of `columns` x 40; return what
+    it printed (no colours, unless keep_ansi)."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "kvctl", *args], stdin=follower, stdout=follower,
+    proc = subprocess.Popen([sys.executable, *(["-m", "kvctl"] if module else []), *args], stdin=follower, stdout=follower,
                             stderr=follower, env=_env(), close_fds=True)
     os.close(follower)
     chunks = []
@@ -48,8 +50,9 @@ def run_in_tty(args: list[str], columns: int) -> str:
             break
         chunks.append(data)
     os.close(leader)
-    assert proc.wait(timeout=60) == 0
-    return ANSI.sub("", b"".join(chunks).decode("utf-8")).replace("\r\n", "\n")
+    assert proc.wait(timeout=60) in exit_codes
+    text = b"".join(chunks).decode("utf-8").replace("\r\n", "\n")
+    return text if keep_ansi else ANSI.sub("", text)
 
 
 def run_piped(args: list[str], **env: str) -> str:

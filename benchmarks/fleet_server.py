@@ -4,7 +4,7 @@ The doubles (tests/doubles/) stand in for vLLM API servers; this process only
 serves them, so the CPU and memory they cost are never charged to the kvctl process measured.
 
 Usage: python benchmarks/fleet_server.py --replicas N --out DIR [--sizes 1,8,64] [--version V]
-                                         [--delay S] [--connector NAME]
+                                         [--delay S] [--connector NAME] [--cache-prefix P]
 
 Starts N replicas in one process (one port each), writes DIR/inventory-K.yaml for each size K
 (the first K replicas), prints `READY URL0` and serves until stdin closes.
@@ -44,13 +44,15 @@ def main() -> int:
     parser.add_argument("--sizes", default="")
     parser.add_argument("--version", default="0.23.0")
     parser.add_argument("--connector", default="MooncakeStoreConnector")
+    parser.add_argument("--cache-prefix", default=None, help="the connector's cache_prefix (a scoped fleet)")
     parser.add_argument("--delay", type=float, default=0.0, help="server-side delay of /reset_prefix_cache (s)")
     args = parser.parse_args()
     raise_fd_limit()
     delay = {"/reset_prefix_cache": args.delay} if args.delay > 0 else {}
     # store=None: no shared store to model (cheap); the connector is still reported by /server_info,
     # so kvctl plans reset_external=true and, on >= 0.23.0, no master clear.
-    replicas = [VllmDouble(args.version, connector=args.connector, store=None, faults=Faults(delay=dict(delay)))
+    replicas = [VllmDouble(args.version, connector=args.connector, store=None, faults=Faults(delay=dict(delay)),
+                           cache_prefix=args.cache_prefix)
                 for _ in range(args.replicas)]
     sizes = [int(s) for s in args.sizes.split(",") if s] or [args.replicas]
     with DoubleFleet(replicas=replicas) as fleet:

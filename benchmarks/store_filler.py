@@ -5,7 +5,10 @@ Usage: python benchmarks/store_filler.py --master 127.0.0.1:RPC_PORT [--clear-on
 Connects (tcp, P2PHANDSHAKE, loopback only), prints `READY` and answers one-line commands on
 stdin until it closes (a client's keys vanish from the master when it goes, so it stays alive):
   fill N    put N new small keys with put_batch        -> "OK <seconds>"
+  fillp P N put N new small keys named like vLLM's MooncakeStoreConnector's, under prefix P
+            (P@Qwen/Qwen3-8B@tp_rank:0@...@<hash>, ~90 bytes)   -> "OK <seconds>"
   clear     MooncakeDistributedStore.remove_all(force=True), timed -> "OK <removed> <seconds>"
+  rmre R    remove_by_regex(R, force=True), timed      -> "OK <removed> <seconds>"
 
 --clear-once: what a user without kvctl runs from scratch: set up a client, remove_all(force=True),
 close; prints one JSON line with the setup, call and close times.
@@ -37,10 +40,16 @@ def connect(master: str, segment_mb: int):  # type: ignore[no-untyped-def]
     return store
 
 
-def fill(store, count: int, generation: int) -> float:  # type: ignore[no-untyped-def]
+# the shape of a vLLM MooncakeStoreConnector key (cache_prefix@model@tp_rank@...@block hash)
+VLLM_KEY = "{prefix}@Qwen/Qwen3-8B@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{generation:04x}{i:028x}"
+
+
+def fill(store, count: int, generation: int, prefix: str | None = None) -> float:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     for first in range(0, count, BATCH):
-        keys = [f"bench-{generation}-{i}" for i in range(first, min(count, first + BATCH))]
+        span = range(first, min(count, first + BATCH))
+        keys = [f"bench-{generation}-{i}" for i in span] if prefix is None else \
+            [VLLM_KEY.format(prefix=prefix, generation=generation, i=i) for i in span]
         rc = store.put_batch(keys, [VALUE] * len(keys))
         if rc != 0:
             raise RuntimeError(f"put_batch returned {rc} at key {first}")
@@ -80,6 +89,13 @@ def main() -> int:
             if words[:1] == ["fill"] and len(words) == 2:
                 generation += 1
                 print(f"OK {fill(store, int(words[1]), generation):.6f}", flush=True)
+            elif words[:1] == ["fillp"] and len(words) == 3:
+                generation += 1
+                print(f"OK {fill(store, int(words[2]), generation, words[1]):.6f}", flush=True)
+            elif words[:1] == ["rmre"] and len(words) == 2:
+                start = time.perf_counter()
+                removed = store.remove_by_regex(words[1], True)
+                print(f"OK {removed} {time.perf_counter() - start:.6f}", flush=True)
             elif words == ["clear"]:
                 start = time.perf_counter()
                 removed = store.remove_all(True)

@@ -140,6 +140,11 @@ def test_runs_and_status_through_the_cluster(ray_stack: RayStack, tmp_path: Path
     listed = receipt(ray_kvctl("runs", "--ray", ray_stack.address, "--json", state=ray_stack.state))
     (mine,) = [s for s in listed["runs"] if s["name"] == NAME]
     assert mine["state"] == "running" and mine["replicas_live"] == 2 and mine["master"]["alive"] is True
+    # names only and a state filter, as for local runs (issue 28)
+    running = ray_kvctl("runs", "--ray", ray_stack.address, "-q", "--state", "running", state=ray_stack.state)
+    assert NAME in running.stdout.splitlines()
+    stopped = ray_kvctl("runs", "--ray", ray_stack.address, "-q", "--state", "stopped", state=ray_stack.state)
+    assert NAME not in stopped.stdout.splitlines()
     # another machine: no local record, only the cluster's (an empty state dir)
     elsewhere = tmp_path / "elsewhere"
     proc = ray_kvctl("status", "--ray", ray_stack.address, "--run", NAME, "--json", state=elsewhere, check=False)

@@ -173,10 +173,12 @@ def _print_results(receipt: Any) -> None:
                                                          if m.removed_count is not None else ""))
         if m.keys_after is not None:
             scope = f"this deployment's ('{escape(m.cache_prefix)}@') " if m.cache_prefix else ""
-            before = f"{m.keys_before} -> " if m.keys_before is not None else ""
+            before = f"{m.keys_before} -> " if m.keys_before is not None else f"at least {m.keys_before_min} -> " \
+                if m.keys_before_min is not None else "not counted -> " if m.total_before is not None else ""
             parts.append(f"{scope}keys {before}{m.keys_after}")
         if m.others_before is not None or m.others_after is not None:
-            parts.append(f"other deployments' keys {m.others_before if m.others_before is not None else '?'} -> "
+            uncounted = "not counted" if m.total_before is not None else "?"
+            parts.append(f"other deployments' keys {m.others_before if m.others_before is not None else uncounted} -> "
                          f"{m.others_after if m.others_after is not None else '?'}")
         output.show(f"master {escape(m.address)}{_leader_note(m)}: " + "; ".join(parts))
     if m is not None:

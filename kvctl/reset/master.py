@@ -4,6 +4,13 @@ skipped, count again; in an HA group, re-check the leader just before the clear.
 Scoped clears go through Mooncake's store client (`remove_by_regex`, the HTTP admin API has none);
 whole-master clears through `POST /api/v1/remove_all?force=true`. `removed_count` is never proof:
 the keys are counted again after.
+
+Counting at scale (issue 29): a master holding millions of keys answers GET /get_all_keys only after
+building all of it (~3.5 s and ~90 MB per million vLLM keys here). So each phase counts once, and as
+cheaply as the number it must give allows: totals come from the master's master_key_count gauge (one per
+key's metadata, exact, 0.5 ms); a listing is read as a stream (MasterAdmin.key_counts: kvctl's memory
+does not grow with it) and only where a number per deployment is needed: after a scoped clear (the
+proof), and before one when the master holds few enough keys (EXACT_BEFORE_MAX) for it to be cheap.
 """
 
 from __future__ import annotations
@@ -12,12 +19,31 @@ import asyncio
 import re
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 from kvctl.facts.cache_prefix import key_prefix
 from kvctl.reset.plan import Plan, ResetOptions, ha_group
 from kvctl.reset.receipt import MasterReceipt, OpResult
 from kvctl.transport.pool import HttpPool
+
+# Up to this many keys on the master (its gauge) the count before a clear lists them, so the receipt
+# has this deployment's and the others' exact numbers before. Above it the receipt says "not counted"
+# (and, scoped, at least what the clear removed): the listing grows with the keys and costs as much as
+# the clear itself (100,000 vLLM keys: 120-340 ms vs a 135-195 ms remove_by_regex; 1,000,000: ~3.5 s vs
+# ~3.4 s; benchmarks/scale.json), while under 50,000 it stays well under 0.1 s and runs beside the
+# replicas' cache resets.
+EXACT_BEFORE_MAX = 50_000
+
+
+@dataclass(frozen=True)
+class Counted:
+    """The master's keys at one moment: this deployment's and the others' (None: not counted), and the
+    total of its master_key_count gauge (None: it has none). Without a cache_prefix, mine is every key."""
+
+    mine: int | None
+    others: int | None
+    total: int | None = None
 
 
 async def recheck_leader(master: MasterReceipt, plan: Plan, http: HttpPool, why: str | None = None) -> bool:
@@ -42,7 +68,7 @@ async def recheck_leader(master: MasterReceipt, plan: Plan, http: HttpPool, why:
     return True
 
 
-async def count_before(master: MasterReceipt, plan: Plan, http: HttpPool) -> tuple[int, int]:
+async def count_before(master: MasterReceipt, plan: Plan, http: HttpPool) -> Counted:
     """The count clear_master starts with, on its own: a paused fleet writes no key, so the executor
     runs it beside the replicas' cache resets (both wait on servers) rather than after them."""
     from kvctl.transport.master_admin import MasterAdmin
@@ -52,7 +78,7 @@ async def count_before(master: MasterReceipt, plan: Plan, http: HttpPool) -> tup
 
 
 async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store: Any = None,
-                       before: Awaitable[tuple[int, int]] | None = None) -> None:
+                       before: Awaitable[Counted] | None = None) -> None:
     """Clear on the leader. If it refuses (HA: a 503 from a node that stopped leading), find the
     leader again once and, if it moved, clear there. `store`: a store_client.StoreSession opened
     ahead for the planned master (prepare_store_session), used where it fits; `before`: count_before
@@ -96,23 +122,27 @@ def _with_fix(exc: Any) -> str:
 
 
 async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float, store: Any = None,
-                    before: Awaitable[tuple[int, int]] | None = None) -> None:
+                    before: Awaitable[Counted] | None = None) -> None:
     """Clear this deployment's keys (scoped) or every key (whole) on master.address, count before and
     after, and retry within clear_timeout what the clear skipped (puts in flight, replication tasks)."""
     from kvctl.transport.master_admin import MasterAdmin
 
-    opts, prefix = plan.options, key_prefix(plan.cache_prefix)
-    master.scope = plan.master_clear_scope
+    opts, prefix, scope = plan.options, key_prefix(plan.cache_prefix), plan.master_clear_scope
+    master.scope = scope
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
-        master.keys_before, master.others_before = await (before or _count_before(admin, prefix))
+        counted = await (before or _count_before(admin, prefix))
+        master.keys_before, master.others_before = counted.mine, counted.others
+        master.total_before = counted.total
         removed, how = await _remove(admin, plan, prefix, master.rpc_address, store)
         deadline = started + opts.clear_timeout
-        mine, others = _split(await admin.all_keys(), prefix)
+        mine, others = await _count_after(admin, prefix, scope)
         while mine and time.perf_counter() < deadline:
             await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
             removed += (await _remove(admin, plan, prefix, master.rpc_address, store))[0]
-            mine, others = _split(await admin.all_keys(), prefix)
+            mine, others = await _count_after(admin, prefix, scope)
     master.removed_count, master.keys_after, master.others_after = removed, mine, others
+    if counted.mine is None:
+        _note_not_counted(master, counted, removed)
     if master.leader_changed and master.keys_before == 0 and not master.others_before:
         master.notes.append(f"the new leader {master.address} held no key before the clear: a Mooncake failover "
                             "without snapshots starts empty (Mooncake issue 1871), so the old leader's keys went "
@@ -129,27 +159,55 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
                             round(time.perf_counter() - started, 6), 1, error=master.remaining, detail=how)
 
 
-async def _count_before(admin: Any, prefix: str | None) -> tuple[int, int]:
-    """(this deployment's keys, the other keys) before the clear. A whole-master clear needs only the
-    total: the master_key_count gauge (one per object's metadata, in-flight puts included, as
-    /get_all_keys lists them; 0.5 ms) rather than the list (100,000 keys: ~45 ms for the master to
-    write and ~15 ms to read). The count after the clear always lists the keys."""
+async def _count_before(admin: Any, prefix: str | None) -> Counted:
+    """The keys before the clear. First the master_key_count gauge (0.5 ms): without a cache_prefix
+    it is the whole count; with one, a listing gives the split, unless the gauge says it would be long
+    (over EXACT_BEFORE_MAX keys): then the split is not counted and the receipt says so."""
+    total = await _gauge(admin)
+    if prefix is None and total is not None:
+        return Counted(total, 0, total)
+    if total is not None and total > EXACT_BEFORE_MAX:
+        return Counted(None, None, total)
+    mine, others = await _listed(admin, prefix)
+    return Counted(mine, others, total)
+
+
+async def _count_after(admin: Any, prefix: str | None, scope: str | None) -> tuple[int, int]:
+    """(this deployment's keys, the other keys) after a clear. After a whole-master clear the gauge
+    at 0 is the count (no key's metadata is left, so none is listed); anything else is listed."""
+    if scope == "whole" and await _gauge(admin) == 0:
+        return 0, 0
+    return await _listed(admin, prefix)
+
+
+async def _gauge(admin: Any) -> int | None:
+    """The master's master_key_count (None: no usable /metrics on this master)."""
     from kvctl.transport.master_admin import MasterError
 
-    if prefix is None:
-        try:
-            return (await admin.metrics()).key_count, 0
-        except MasterError:  # no usable /metrics on this master: list the keys
-            pass
-    return _split(await admin.all_keys(), prefix)
+    try:
+        return int((await admin.metrics()).key_count)
+    except MasterError:
+        return None
 
 
-def _split(keys: list[str], prefix: str | None) -> tuple[int, int]:
-    """(this deployment's keys, the other keys); unscoped: (all keys, 0)."""
+async def _listed(admin: Any, prefix: str | None) -> tuple[int, int]:
+    """(this deployment's keys, the other keys) from one streamed listing; without a prefix (all, 0)."""
+    counted = await admin.key_counts(prefix)
     if prefix is None:
-        return len(keys), 0
-    mine = sum(1 for key in keys if key.startswith(prefix))
-    return mine, len(keys) - mine
+        return counted.total, 0
+    return counted.matching, counted.total - counted.matching
+
+
+def _note_not_counted(master: MasterReceipt, counted: Counted, removed: int) -> None:
+    """Say what the receipt does not count before a clear on a large master, and what it knows instead."""
+    if master.scope == "scoped":
+        master.keys_before_min = removed  # what the clear removed was there before it
+    held = f"{counted.total} keys" if counted.total is not None else "too many keys"
+    master.notes.append(f"the master held {held} before the clear (its master_key_count gauge): this deployment's "
+                        f"and the other deployments' keys before it were not counted (listing them costs the master "
+                        f"~3.5 s per million keys; kvctl lists at most {EXACT_BEFORE_MAX} before a clear)"
+                        + (f"; at least {removed} of this deployment's were there (the clear removed them)"
+                           if master.scope == "scoped" else ""))
 
 
 async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None,
@@ -197,7 +255,7 @@ async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: Htt
     if mine is None:
         async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
             try:
-                mine, others = _split(await admin.all_keys(), key_prefix(master.cache_prefix))
+                mine, others = await _listed(admin, key_prefix(master.cache_prefix))
             except MasterError as exc:
                 master.error = master.error or exc.message
                 master.verified = False

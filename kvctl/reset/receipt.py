@@ -71,8 +71,13 @@ class MasterReceipt:
     verified: bool | None = None
     error: str | None = None
     scope: str | None = None  # "scoped" (<cache_prefix>@ keys only) | "whole" (every key)
-    keys_before: int | None = None  # this deployment's (or, unscoped, all) keys before the clear
-    others_before: int | None = None  # keys of other deployments sharing the master
+    keys_before: int | None = None  # this deployment's (or, unscoped, all) keys before the clear; None: not counted
+    others_before: int | None = None  # keys of other deployments sharing the master; None: not counted
+    # Before a clear on a large master (kvctl.reset.master.EXACT_BEFORE_MAX) the split above is not
+    # counted: total_before is then the only count (the master_key_count gauge: every key, all
+    # deployments) and, scoped, keys_before_min says at least how many of this deployment's keys were there.
+    total_before: int | None = None
+    keys_before_min: int | None = None
     others_after: int | None = None
     remaining: str | None = None  # why keys survived the clear's retries, when they did
     rpc_address: str | None = None  # where a scoped clear went (the leader's RPC port)

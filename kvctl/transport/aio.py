@@ -19,6 +19,8 @@ What stays identical to HttpPool, so VllmClient's retries, timeouts and receipts
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -56,10 +58,7 @@ class AioHttpPool:
             data, head = jsonlib.dumps(json).encode(), _JSON_HEADERS
         if headers:
             head = {**head, **headers}
-        limits = self._timeouts.get(timeout)
-        if limits is None:
-            limits = self._timeouts[timeout] = aiohttp.ClientTimeout(
-                total=None, connect=timeout, sock_connect=timeout, sock_read=timeout)
+        limits = self._limits(timeout)
         session = self._session or self._open()
         try:
             async with session.request(method, URL(url, encoded=True), data=data, headers=head,
@@ -68,6 +67,27 @@ class AioHttpPool:
                 return HttpResponse(response.status, await response.read())
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             raise TransportError(_kind(exc), exc, _NAMES.get(type(exc).__name__)) from exc
+
+    @asynccontextmanager
+    async def stream(self, method: str, url: str, *, params: dict[str, Any] | None = None,
+                     timeout: float = 10.0) -> AsyncIterator[AioStream]:
+        """HttpPool.stream's twin: the body read piece by piece (a master's key listing)."""
+        url = with_query(url, params)
+        session = self._session or self._open()
+        try:
+            async with session.request(method, URL(url, encoded=True), headers=_HEADERS,
+                                       timeout=self._limits(timeout), allow_redirects=False,
+                                       ssl=default_ssl_context() if url.startswith("https:") else True) as response:
+                yield AioStream(response)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise TransportError(_kind(exc), exc, _NAMES.get(type(exc).__name__)) from exc
+
+    def _limits(self, timeout: float) -> aiohttp.ClientTimeout:
+        limits = self._timeouts.get(timeout)
+        if limits is None:
+            limits = self._timeouts[timeout] = aiohttp.ClientTimeout(
+                total=None, connect=timeout, sock_connect=timeout, sock_read=timeout)
+        return limits
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_host, ttl_dns_cache=None,
@@ -86,6 +106,20 @@ class AioHttpPool:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class AioStream:
+    """http.HttpStream's twin over an aiohttp response: status, then the body in chunks."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status = response.status
+        self._response = response
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._response.content.iter_any()
+
+    async def head(self, limit: int) -> bytes:
+        return await self._response.content.read(limit)
 
 
 def _kind(exc: BaseException) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json as jsonlib
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, TypeVar
@@ -50,6 +52,27 @@ class HttpResponse:
     def json(self) -> Any:
         """The body as JSON; ValueError when it is not."""
         return jsonlib.loads(self.content)
+
+
+class HttpStream:
+    """A response being read (HttpPool.stream): its status, then its body in chunks."""
+
+    def __init__(self, response: httpcore.Response) -> None:
+        self.status = response.status
+        self._response = response
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive (the socket's reads: ~64 KiB each)."""
+        return self._response.aiter_stream()  # type: ignore[return-value]
+
+    async def head(self, limit: int) -> bytes:
+        """Up to `limit` bytes of the body (an error answer's message); the rest is not read."""
+        got = b""
+        async for chunk in self.chunks():
+            got += chunk
+            if len(got) >= limit:
+                break
+        return got[:limit]
 
 
 class TransportError(Exception):
@@ -92,6 +115,22 @@ class HttpPool:
         except _TRANSPORT_ERRORS as exc:
             raise TransportError(_kind(exc), exc) from exc
         return HttpResponse(response.status, response.content)
+
+    @asynccontextmanager
+    async def stream(self, method: str, url: str, *, params: dict[str, Any] | None = None,
+                     timeout: float = 10.0) -> AsyncIterator[HttpStream]:
+        """One request whose body is read piece by piece (`HttpStream.chunks`), never held whole: a
+        master's listing of millions of keys. `timeout` bounds the connect and each read, not the whole
+        body. Raises TransportError when no HTTP answer came or the body broke off."""
+        url = with_query(url, params)
+        head = [(b"User-Agent", _USER_AGENT), (b"Accept", b"*/*")]
+        limits = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+        try:
+            async with self._pool(url).stream(method, url, headers=head,
+                                              extensions={"timeout": limits}) as response:
+                yield HttpStream(response)
+        except _TRANSPORT_ERRORS as exc:
+            raise TransportError(_kind(exc), exc) from exc
 
     def _pool(self, url: str) -> httpcore.AsyncConnectionPool:
         parts = urlsplit(url)
@@ -168,4 +207,4 @@ def _query_values(params: dict[str, Any]) -> dict[str, str]:
     return {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in params.items()}
 
 
-__all__ = ["HttpClientBase", "HttpPool", "HttpResponse", "TransportError"]
+__all__ = ["HttpClientBase", "HttpPool", "HttpResponse", "HttpStream", "TransportError"]

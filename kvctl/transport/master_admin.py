@@ -19,6 +19,14 @@ from kvctl.errors import KvctlError
 from kvctl.transport.http import HttpClientBase, HttpPool, HttpResponse, TransportError
 
 DEFAULT_TIMEOUT = 5.0
+# The least time the calls whose work grows with the keys held may take to answer: a listing (each read)
+# and remove_all. The master answers either only when done: 1,000,000 vLLM keys took 3-6 s for
+# remove_all and ~3.5 s to list on a loaded 2-core machine (benchmarks/scale.json), so 5,000,000 take
+# tens of seconds, far over a reset's 10 s --timeout, which still bounds every other call.
+SLOW_TIMEOUT = 120.0
+# A listing line longer than this is no key (vLLM's are ~100 bytes): the answer is not a key listing,
+# and a server that never sends a newline must not grow kvctl's memory without end.
+MAX_KEY_LINE = 1 << 20
 
 
 _ADMIN_HINT = ("check that the address is the master's admin/metrics port (mooncake_master "
@@ -86,6 +94,66 @@ _METRIC_FIELDS = {
 }
 
 
+@dataclass(frozen=True)
+class KeyCount:
+    """One listing's count: every key listed, and those whose name starts with the prefix asked for."""
+
+    total: int
+    matching: int  # 0 without a prefix
+
+
+class KeyCounter:
+    """Counts a one-key-a-line listing fed in chunks, never holding more than a chunk and one line.
+
+    The prefix is matched on bytes (its UTF-8), as b"\\n" + prefix at each line start: bytes.count
+    runs in C, and the needle cannot overlap itself (its only newline is its first byte). Lines that
+    are empty (or only "\\r") are no key, as when the listing was split into strings."""
+
+    def __init__(self, prefix: str | None = None) -> None:
+        raw = prefix.encode() if prefix is not None else None
+        # None: nothing to match (no prefix, or one with a newline, which no line of the listing has)
+        self._needle = None if raw is None or b"\n" in raw else b"\n" + raw
+        self._carry = b""
+        self.total = self.matching = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Count the complete lines in carry + chunk; keep the unfinished last line. ValueError for a
+        line over MAX_KEY_LINE bytes."""
+        data = self._carry + chunk if self._carry else chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._carry = data
+        else:
+            self._count(data[:cut])
+            self._carry = data[cut + 1:]
+        if len(self._carry) > MAX_KEY_LINE:
+            raise ValueError(f"a line of over {MAX_KEY_LINE} bytes without a newline: not a key listing")
+
+    def result(self) -> KeyCount:
+        """The count, with the last line when the listing did not end in a newline."""
+        if self._carry:
+            self._count(self._carry)
+            self._carry = b""
+        return KeyCount(self.total, self.matching)
+
+    def _count(self, block: bytes) -> None:
+        """`block`: whole lines joined by newlines (the last one's newline cut off)."""
+        if block[:1] in (b"\n", b"\r", b"") or block[-1:] == b"\n" or b"\n\n" in block or b"\n\r" in block:
+            self._count_lines(block)  # an empty line (or one starting with \r) somewhere: line by line
+            return
+        self.total += block.count(b"\n") + 1
+        if self._needle is not None:
+            self.matching += (b"\n" + block).count(self._needle)
+
+    def _count_lines(self, block: bytes) -> None:
+        needle = None if self._needle is None else self._needle[1:]
+        for line in block.split(b"\n"):
+            if line.rstrip(b"\r"):
+                self.total += 1
+                if needle is not None and line.startswith(needle):
+                    self.matching += 1
+
+
 def admin_base_url(address: str) -> str:
     """`host:port`, `[v6]:port` or a URL -> `http://host:port` (no trailing slash)."""
     address = address.strip()
@@ -137,9 +205,10 @@ class MasterAdmin(HttpClientBase):
     """
 
     def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT,
-                 pool: HttpPool | None = None) -> None:
+                 pool: HttpPool | None = None, slow_timeout: float | None = None) -> None:
         self.base_url = admin_base_url(address)
         self.timeout = timeout
+        self.slow_timeout = slow_timeout if slow_timeout is not None else max(timeout, SLOW_TIMEOUT)
         super().__init__(pool)
 
     def __repr__(self) -> str:
@@ -148,13 +217,14 @@ class MasterAdmin(HttpClientBase):
     def _error(self, what: str, hint: str | None = _ADMIN_HINT) -> MasterError:
         return MasterError(f"Mooncake master at {self.base_url}: {what}", hint)
 
-    async def _request(self, method: str, path: str, **params: Any) -> HttpResponse:
+    async def _request(self, method: str, path: str, timeout: float | None = None, **params: Any) -> HttpResponse:
         url = f"{self.base_url}{path}"
+        timeout = timeout or self.timeout
         try:
-            return await self._http.request(method, url, params=params or None, timeout=self.timeout)
+            return await self._http.request(method, url, params=params or None, timeout=timeout)
         except TransportError as exc:
             if exc.kind == "timeout":
-                raise self._error(f"{method} {path}: no answer within {self.timeout:g}s "
+                raise self._error(f"{method} {path}: no answer within {timeout:g}s "
                                   f"({exc.cause_name})") from None
             if exc.kind == "other":  # connected, no HTTP answer: most likely the master's RPC port
                 raise self._error(f"{method} {path}: answers no HTTP ({exc}): is it the master's RPC port, not "
@@ -264,29 +334,55 @@ class MasterAdmin(HttpClientBase):
             raise self._error(f"GET /metrics: unusable Prometheus text ({exc})") from None
 
     async def all_keys(self) -> list[str]:
-        """GET /get_all_keys: every key the master holds (one per line in the answer)."""
+        """GET /get_all_keys: every key the master holds (one per line in the answer), as a list:
+        for a few keys (tests, a look at a small store). Counting goes through key_counts, which
+        never holds the listing (1,000,000 vLLM keys: ~90 MB of answer, ~150 MB as Python strings)."""
         response = await self._request("GET", "/get_all_keys")
         self._check_status(response, "GET", "/get_all_keys")
         return [line.rstrip("\r") for line in response.text.split("\n") if line.rstrip("\r")]
 
+    async def key_counts(self, prefix: str | None = None) -> KeyCount:
+        """GET /get_all_keys, counted while it is read: every key, and those starting with `prefix`.
+
+        Exact at the time of the call (the keys the master lists: Mooncake's default tenant), in
+        memory bounded by one chunk of the answer and one line, whatever the number of keys. The
+        master builds its whole answer before the first byte, so `slow_timeout` (not `timeout`)
+        bounds each read: ~3.5 s per million keys on a loaded 2-core machine."""
+        path = "/get_all_keys"
+        counter = KeyCounter(prefix)
+        try:
+            async with self._http.stream("GET", f"{self.base_url}{path}", timeout=self.slow_timeout) as answer:
+                if answer.status != 200:
+                    self._check_status(HttpResponse(answer.status, await answer.head(200)), "GET", path)
+                async for chunk in answer.chunks():
+                    counter.feed(chunk)
+        except TransportError as exc:
+            if exc.kind == "timeout":
+                raise self._error(f"GET {path}: no answer within {self.slow_timeout:g}s ({exc.cause_name})",
+                                  "a master builds its whole listing before it answers (seconds per million keys): "
+                                  f"if it holds that many, pass a --timeout over {self.slow_timeout:g}") from None
+            raise self._error(f"GET {path}: {exc}") from None
+        except ValueError as exc:
+            raise self._error(f"GET {path}: {exc}") from None
+        return counter.result()
+
     async def key_count(self, prefix: str | None = None) -> int:
         """Keys in the master, or only those whose name starts with `prefix`.
 
-        Counted from /get_all_keys (exact at the time of the call, unlike a gauge).
+        Counted from /get_all_keys while it is read (exact at the time of the call, unlike a gauge).
         """
-        keys = await self.all_keys()
-        if prefix is None:
-            return len(keys)
-        return sum(1 for key in keys if key.startswith(prefix))
+        counted = await self.key_counts(prefix)
+        return counted.total if prefix is None else counted.matching
 
     async def remove_all(self, force: bool = True) -> int:
-        """POST /api/v1/remove_all?force=... -> the number of keys removed.
+        """POST /api/v1/remove_all?force=... -> the number of keys removed (within slow_timeout: the
+        master answers when it has removed them all).
 
         Master-wide: every deployment sharing this master loses its keys. Without force, keys
         under a read lease survive, so a hard reset must keep force=True.
         """
         path = "/api/v1/remove_all"
-        response = await self._request("POST", path, force="true" if force else "false")
+        response = await self._request("POST", path, self.slow_timeout, force="true" if force else "false")
         if response.status == 404:
             raise NoHttpRemoveAll(f"{self.base_url}: POST {path}: HTTP 404: this master has no HTTP "
                                   "remove_all (Mooncake < 0.3.12.post1)",

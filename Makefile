@@ -85,7 +85,18 @@ bench: sysdeps-bench $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/run.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS) && \
 	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 && \
-	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
+	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS) && \
+	  $(PY) benchmarks/scale.py $(SCALE_ARGS)
+
+# The reset at scale alone (issue 29): a real mooncake_master holding 100k to 5M keys, kvctl's scoped and
+# whole-master clears against the raw removals, time and peak memory (~30 min here; needs ~17 GB free
+# memory for 5M keys, a size that does not fit is skipped): benchmarks/scale.json, section 7 of
+# docs/performance.md and docs/performance-scale.png. SCALE_ARGS="--sizes 100000,1000000 --reps 1" is shorter.
+SCALE_ARGS ?=
+.PHONY: bench-scale
+bench-scale: sysdeps-bench $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(PY) benchmarks/scale.py $(SCALE_ARGS)
 
 # kvctl weights update alone: the paused window phase by phase and kvctl's own share of it (~3 min;
 # --quick: one update): benchmarks/weights.json and section 6 of docs/performance.md (run after run.py,

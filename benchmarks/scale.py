@@ -20,6 +20,11 @@ count after) less the raw removal's median. Scoped rounds refill only rl-a's key
 refill everything.
 
     .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--reps 3] [--out benchmarks/scale.json]
+    .venv/bin/python benchmarks/scale.py --report-only      # re-render section 7 of docs/performance.md
+
+Writes benchmarks/scale.json (every sample), section 7 of docs/performance.md and
+docs/performance-scale.png (benchmarks/scale_report.py). It skips a size the machine's memory cannot
+hold (the master needs ~1.7 GB per million such keys) and records a size where kvctl's reset failed.
 """
 
 from __future__ import annotations
@@ -126,6 +131,23 @@ def get_all_keys(admin: str) -> dict[str, float]:
     return {"first_byte_s": first, "total_s": time.perf_counter() - t0, "bytes": size, "keys": lines}
 
 
+def raw_http_clear(admin: str) -> tuple[float, int]:
+    """POST /api/v1/remove_all?force=true on a fresh connection: (seconds, removed). The master answers
+    when done, which at millions of keys takes tens of seconds (master_clear.py's 30 s is too short)."""
+    host, _, port = admin.rpartition(":")
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection(host, int(port), timeout=900)
+    try:
+        conn.request("POST", "/api/v1/remove_all?force=true")
+        response = conn.getresponse()
+        body = json.loads(response.read())
+    finally:
+        conn.close()
+    if response.status != 200 or body.get("success") is not True:
+        raise RuntimeError(f"raw clear: HTTP {response.status} {body}")
+    return time.perf_counter() - start, int(body["removed_count"])
+
+
 def metrics_call(admin: str) -> tuple[float, int]:
     host, _, port = admin.rpartition(":")
     t0 = time.perf_counter()
@@ -198,8 +220,6 @@ def process_reset(inventory: Path, whole: bool) -> dict[str, Any]:
 def measure_size(size: int, reps: int, whole_reps: int, store: Store, inventory: dict[bool, Path],
                  master_pid: int | None) -> dict[str, Any]:
     """One size: fill, the master's own answers, then the scoped rounds and the whole rounds."""
-    from benchmarks.master_clear import raw_http_clear
-
     mine = round(size * MINE_SHARE)
     others = size - mine
     row: dict[str, Any] = {"keys": size, "mine": mine, "others": others}
@@ -238,8 +258,6 @@ def _scope(size: int, scope: str, reps: int, one: Any) -> dict[str, Any]:
 
 def _refill(store: Store, size: int, mine: int, others: int) -> None:
     """After a failed reset: back to `size` keys, whatever it left."""
-    from benchmarks.master_clear import raw_http_clear
-
     raw_http_clear(store.admin)
     store.fill(OTHER, others)
     store.fill(MINE, mine)
@@ -263,8 +281,6 @@ def _scoped_round(store: Store, inventory: Path, mine: int, others: int) -> dict
 
 def _whole_round(store: Store, inventory: Path, mine: int, others: int) -> dict[str, Any]:
     """The raw HTTP remove_all, then kvctl in process, then as a process; everything refilled before each."""
-    from benchmarks.master_clear import raw_http_clear
-
     store.expect(mine + others)
     seconds, removed = raw_http_clear(store.admin)
     if removed != mine + others:
@@ -310,7 +326,6 @@ def run(sizes: list[int], reps: int = 3, whole_reps: int = 2, reserve_gib: float
         partial: Any = None) -> dict[str, Any]:
     """Every size on one master, smallest first; a size whose master would leave less than
     `reserve_gib` GiB available (extrapolated from the last size's RSS per key) is skipped."""
-    from benchmarks.master_clear import raw_http_clear
     from kvctl.serve.master_process import MasterProcess
 
     rows: list[dict[str, Any]] = []
@@ -371,14 +386,23 @@ def empty_baseline(inventory: dict[bool, Path]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import machine
+    from benchmarks import machine, scale_report
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="100000,1000000,2000000,5000000")
+    parser.add_argument("--sizes", default="10000,100000,1000000,2000000,5000000,10000000")
     parser.add_argument("--reps", type=int, default=3, help="scoped rounds per size below 2,000,000 keys")
     parser.add_argument("--whole-reps", type=int, default=2, help="whole-master rounds per size below 2,000,000 keys")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    parser.add_argument("--doc", type=Path, default=scale_report.DOC, help="the page whose section 7 it writes")
+    parser.add_argument("--no-doc", action="store_true", help="measure only (the baseline of another kvctl)")
+    parser.add_argument("--report-only", action="store_true", help="re-render section 7 from --out")
+    args, other = parser.parse_known_args(argv)
+    if other:  # make bench passes BENCH_ARGS (run.py's options) to every script
+        log(f"scale: ignoring {' '.join(other)} (benchmarks/run.py's options)")
+    if args.report_only:
+        scale_report.write_doc(json.loads(args.out.read_text()), args.doc)
+        log(f"wrote section 7 of {args.doc}")
+        return 0
     began = time.perf_counter()
     described = machine.describe(None)
 
@@ -389,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     out["machine"]["nice"] = os.nice(0)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     log(f"wrote {args.out}")
+    if not args.no_doc:
+        scale_report.write_doc(out, args.doc)
+        log(f"wrote section 7 of {args.doc} and {scale_report.PLOT.name}")
+    for t in scale_report.targets(out):
+        log(f"target: {t['target']}: {t['measured']} -> {'met' if t['met'] else 'MISSED'}")
     return 0
 
 

@@ -70,9 +70,11 @@ NOT_RUN: dict[tuple[str, str, str], str] = {
         "an excerpt (\"...\" elides a replica) of the --json receipt of the console block above it",
     ("docs/weights.md", "next: finish: kvctl weights update --from /checkpoints/step-120 --version step-120 --url "
      "http://10.0.0.12:8000 --master 10.0.0.10:9003 (it finds the replica paused and leaves it so), then curl -X "
-     "POST http://10.0.0.12:8000/resume", ""): "output of a failed reload (tests/unit/weights checks these lines)",
+     "POST http://10.0.0.12:8000/resume", ""): "output lines of a failed reload (no command); "
+    "tests/unit/weights/test_update.py checks the next steps a receipt names",
     ("docs/weights.md", "mixed weights: replicas sharing cache_prefix 'rl' run different weight versions (r0=step-7, "
-     "r1=step-8): their KV mixes in one store", ""): "output excerpt for a mixed fleet, no command",
+     "r1=step-8): their KV mixes in one store", ""): "an output excerpt (no command): a run rl whose replicas "
+    "report step-7 and step-8",
 }
 
 # Placeholders of the docs -> what stands for them here (Sandbox.values keys, or text), in this order,
@@ -97,6 +99,7 @@ EXIT_CODES: dict[tuple[str, str], int] = {
     ("README.md", "kvctl compat check --vllm-version 0.22.0"): 1,
     ("docs/validate.md", "kvctl config validate launch.sh"): 1,
     ("docs/reset.md", "kvctl reset --url http://127.0.0.1:8000 --connector"): 1,
+    ("docs/reset.md", "kvctl reset --url 127.0.0.1:8000 --master 127.0.0.1:50051"): 1,
     ("docs/ci.md", "kvctl compat check --url http://127.0.0.1:8000"): 1,  # a 0.22.0 double stands there
 }
 

@@ -37,7 +37,8 @@ def collect() -> dict[str, Any]:
     from importlib import metadata
 
     from kvctl._version import __version__
-    from kvctl.facts.versions import facts_coverage, installed_vllm
+    from kvctl.facts.coverage import facts_coverage
+    from kvctl.facts.versions import installed_vllm
 
     def dist_version(name: str) -> str | None:
         try:

@@ -294,6 +294,8 @@ def _ask_local_runs(masters: tuple[str, ...], rpcs: tuple[str, ...], fleet: Flee
 
     if rpcs and fleet.master_source != "--master" and fleet.master_source != MASTER_ENV:
         return masters, rpcs, fleet
+    from kvctl.serve.master_flags import recorded_masters
+
     known = recorded_masters(state_dir)
     for r in known:
         m = r.master
@@ -343,20 +345,6 @@ def _only_live_run(state_dir: str | Path | None) -> RunRecord:
                     f"record), or pass --url URL (repeatable), --inventory FILE, or set {URLS_ENV}")
         raise NoTargets(f"nothing to show: no --run, --url, --inventory or ${URLS_ENV}, and {where}", hint)
     return runs.resolve(None, state_dir)  # several live runs: its own error asks for --run
-
-
-def recorded_masters(state_dir: str | Path | None) -> list[RunRecord]:
-    """This machine's live runs that record both ports of one master (not an HA group's etcd), whose
-    embedded master is still the process they started: what they say about a master is current."""
-    from kvctl.errors import KvctlError
-    from kvctl.serve import procs, runs
-
-    try:
-        return [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES and r.master is not None
-                and r.master.admin_address and "://" not in r.master.rpc_address
-                and (r.master.process is None or procs.is_ours(r.master.process))]
-    except (OSError, KvctlError):
-        return []
 
 
 def _with_masters(fleet: Fleet, masters: tuple[str, ...], rpcs: tuple[str, ...], rpc_where: str) -> Fleet:

@@ -10,9 +10,14 @@ closes the connection at once). Nothing here starts a process; the notes are the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvctl.errors import UsageError
 from kvctl.serve.spec import master_endpoints
+
+if TYPE_CHECKING:
+    from kvctl.serve.runs import RunRecord
 
 
 @dataclass
@@ -90,9 +95,11 @@ def _check_admins(admins: str | None, rpc: str) -> str | None:
     """The admin address(es) as recorded (comma-separated); one that speaks no HTTP is the RPC port."""
     if admins is None:
         return None
-    from kvctl.targets import normalize_masters
-
-    found = normalize_masters(admins, "--master")
+    found = [part.strip() for part in admins.split(",") if part.strip()]
+    for address in found:
+        if "://" in address:
+            raise UsageError(f"--master {admins}: '{address}' is not HOST:PORT", f"give {ADMIN_HELP}, e.g. 127.0.0.1:9003")
+        master_endpoints(address, "--master")  # HOST:PORT, or a UsageError naming the flag
     for address in found:
         if _port_kind(address) == "not_http":
             raise UsageError(f"--master {address} answers no HTTP: it is the master's RPC port, not its admin port",
@@ -106,10 +113,8 @@ def master_from_env() -> tuple[str | None, str | None]:
     serve starts its own master then."""
     import os
 
-    from kvctl.targets import MASTER_ENV, MASTER_RPC_ENV
-
-    rpc = os.environ.get(MASTER_RPC_ENV, "").strip() or None
-    return (os.environ.get(MASTER_ENV, "").strip() or None if rpc else None), rpc
+    rpc = os.environ.get("KVCTL_MASTER_RPC", "").strip() or None  # kvctl.targets reads the same two
+    return (os.environ.get("KVCTL_MASTER", "").strip() or None if rpc else None), rpc
 
 
 def _port_kind(address: str) -> str:
@@ -125,10 +130,23 @@ def _port_kind(address: str) -> str:
     return asyncio.run(ask())
 
 
+def recorded_masters(state_dir: str | Path | None) -> list[RunRecord]:
+    """This machine's live runs that record both ports of one master (not an HA group's etcd), whose
+    embedded master is still the process they started: what they say about a master is current (the
+    resolver of every fleet command asks them too, kvctl.targets)."""
+    from kvctl.errors import KvctlError
+    from kvctl.serve import procs, runs
+
+    try:
+        return [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES and r.master is not None
+                and r.master.admin_address and "://" not in r.master.rpc_address
+                and (r.master.process is None or procs.is_ours(r.master.process))]
+    except (OSError, KvctlError):
+        return []
+
+
 def _recorded_rpc(admin: str, state_dir: str | None) -> tuple[str, str] | None:
     """(RPC address, run name) of a live run whose master has this admin address."""
-    from kvctl.targets import recorded_masters
-
     for r in recorded_masters(state_dir):
         if r.master is not None and r.master.admin_address == admin.strip():
             return r.master.rpc_address, r.name

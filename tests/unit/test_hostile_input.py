@@ -728,7 +728,8 @@ def test_a_repeated_key_in_an_inventory_is_refused(cli, tmp_path: Path) -> None:
 def test_a_server_answering_an_empty_200_everywhere_does_not_verify_a_reset(cli) -> None:
     """Attack: --master pointed at something that answers every request with an empty 200 (a catch-all
     proxy, a wrong port): its empty key list counted as "0 keys, verified". Must hold: not verified,
-    saying why; exit non-zero."""
+    saying why; exit non-zero. The plan asks the address first (GET /metrics has no master_key_count):
+    refused before anything is sent."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -756,8 +757,9 @@ def test_a_server_answering_an_empty_200_everywhere_does_not_verify_a_reset(cli)
             result = cli("reset", "--url", url, "--master", f"127.0.0.1:{server.server_port}", "--connector",
                          "--verify", "--json")
         data = json.loads(result.stdout)
-        assert result.exit_code != 0, data["summary"]
-        assert data["master"]["verified"] is False and "proves nothing" in data["master"]["error"]
+        assert result.exit_code == 1, data["summary"]
+        assert "is not a Mooncake master's admin port: its GET /metrics has no master_key_count" in data["plan"]["error"]
+        assert data["master"] is None or data["master"]["verified"] is not True
     finally:
         server.shutdown()
 

@@ -205,14 +205,15 @@ def plain_lines(t: Table, headers: bool = True) -> list[str]:
 def _table_width(con: Console, t: Table) -> int:
     """Width to render `t` at: the terminal's (or $COLUMNS) when every unwrapped cell fits whole in
     it, else wider (the line runs past the edge rather than break a name); when piped with no
-    $COLUMNS, or with -o wide, the table's natural width, so nothing wraps at all."""
+    $COLUMNS, the table's natural width, so nothing wraps at all. (-o wide adds columns, and so may
+    need more than the terminal's width: only as much more as its unwrapped cells need.)"""
     unbounded = con.options.update_width(1_000_000)
     for column in t.columns:
         if column.no_wrap:  # Rich measures a cell's minimum as its longest word: make it the whole cell
             cells = [column.header, *column.cells]
             column.min_width = max(Measurement.get(con, unbounded, c).maximum for c in cells)
     measured = Measurement.get(con, unbounded, t)
-    if piped() or wide():
+    if piped():
         return max(measured.maximum, 1)
     return max(con.width, measured.minimum)
 

@@ -33,7 +33,8 @@ from .declared import (CALLS, EXIT_CODES, FILE_CHECKS, FILES, NOT_RUN, OUTPUT_AS
 from .runner import Ran, missing_lines, run_commands
 
 
-COUNTS = {"blocks run": 0, "commands run": 0, "snippets run": 0, "blocks not run": 0, "commands not run": 0}
+COUNTS = {"blocks run": 0, "commands run": 0, "snippets run": 0, "blocks used as files": 0, "blocks not run": 0,
+          "commands not run": 0}
 
 
 def substitute(text: str, values: dict[str, str]) -> str:
@@ -238,8 +239,9 @@ def test_doc_runs_as_written(doc: str, sandbox: Sandbox) -> None:
             problems += _actions(doc, block, sandbox, cwd)
         elif key in FILE_CHECKS:
             problems += _file_check(key, block, cwd, sandbox)
-        else:
-            continue  # a file the blocks read (FILES) or a block tested below
+        else:  # a file the blocks read (FILES) or a block tested below
+            COUNTS["blocks used as files"] += used_as_file(*key)
+            continue
         COUNTS["blocks run"] += len(problems) == before
     assert not problems, "\n\n".join(problems)
 

@@ -350,8 +350,10 @@ def run(sizes: list[int], reps: int = 3, whole_reps: int = 2, reserve_gib: float
                 log(f"scale: real master rpc {master.rpc_address}, admin {master.admin_address}")
                 rows.append(empty_baseline(inventory))
                 for size in sizes:
-                    per_key = max((r["master_rss_kb"] * 1024 / r["keys"] for r in rows if "failed" not in r
-                                   if r.get("master_rss_kb") and r["keys"]), default=1500.0)
+                    # the master's RSS per key at the largest size measured (small sizes are its base RSS)
+                    measured = [r for r in rows if r.get("master_rss_kb") and r["keys"] >= 100_000]
+                    largest = max(measured, key=lambda r: r["keys"], default=None)
+                    per_key = largest["master_rss_kb"] * 1024 / largest["keys"] if largest else 2000.0
                     need = per_key * size * 1.2 + reserve_gib * GiB
                     if mem_available() < need:
                         skipped.append({"keys": size, "why": f"needs ~{need / GiB:.1f} GiB available, "
@@ -396,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=scale_report.DOC, help="the page whose section 7 it writes")
     parser.add_argument("--no-doc", action="store_true", help="measure only (the baseline of another kvctl)")
     parser.add_argument("--report-only", action="store_true", help="re-render section 7 from --out")
+    parser.add_argument("--merge", action="store_true", help="keep the sizes of --out that --sizes does not name")
     args, other = parser.parse_known_args(argv)
     if other:  # make bench passes BENCH_ARGS (run.py's options) to every script
         log(f"scale: ignoring {' '.join(other)} (benchmarks/run.py's options)")
@@ -405,10 +408,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     began = time.perf_counter()
     described = machine.describe(None)
+    kept = json.loads(args.out.read_text()) if args.merge and args.out.exists() else None
 
     def save(part: dict[str, Any]) -> None:  # after every size: a later failure loses nothing
         args.out.write_text(json.dumps({"machine": described, **part}, indent=1) + "\n")
-    out = {"machine": described, **run([int(s) for s in args.sizes.split(",") if s], args.reps, args.whole_reps, partial=save)}
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    out = {"machine": described, **run(sizes, args.reps, args.whole_reps, partial=save)}
+    if args.merge and kept:  # the sizes of the earlier run that this one did not measure again
+        out["rows"] = sorted([r for r in kept["rows"] if r["keys"] and r["keys"] not in sizes] + out["rows"],
+                             key=lambda r: r["keys"])
+        out["skipped"] = [s for s in out["skipped"] if s["keys"] not in {r["keys"] for r in out["rows"]}]
+        out["machine"]["merged"] = kept["machine"]
     out["machine"]["elapsed_s"] = round(time.perf_counter() - began, 1)
     out["machine"]["nice"] = os.nice(0)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

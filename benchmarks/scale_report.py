@@ -73,6 +73,17 @@ def _failed_after(row: dict[str, Any], scope: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def own_added(s: dict[str, Any]) -> tuple[float, float] | None:
+    """(seconds, share): kvctl's master phase less the removal call it made in that same reset (last
+    repetition). Measured at the same moment as the removal, unlike the raw removal, which runs before it
+    and moves by seconds on this shared machine."""
+    removal = next((v["s"] for k, v in s["calls"].items() if k in ("remove_all", "remove_by_regex")), None)
+    if not removal:
+        return None
+    added = s["kvctl_clear_s"]["samples"][-1] - removal
+    return added, added / removal
+
+
 def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     rows = _sized(res)
     out: list[dict[str, Any]] = []
@@ -90,11 +101,13 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                                  f" ({peak['keys']:,} keys): {grow:+.0f} MiB") if base else "-",
                     "met": grow is not None and grow <= MEMORY_SLACK_MIB})
         million = next((r for r in rows if r["keys"] == 1_000_000), None)
-        if million and _ok(million, scope):
+        if million and _ok(million, scope) and own_added(million[scope]):
             s = million[scope]
-            out.append({"target": f"scale ({scope}): kvctl adds under 10% to the raw removal at 1,000,000 keys",
-                        "measured": f"{_t(s['added_s'])} over {_t(_med(s['raw_s']))}: {s['added_ratio'] * 100:+.0f}%",
-                        "met": s["added_ratio"] < ADDED_MAX})
+            added, share = own_added(s)  # type: ignore[misc]
+            out.append({"target": f"scale ({scope}): kvctl adds under 10% to the removal at 1,000,000 keys",
+                        "measured": f"{_t(added)}: {share * 100:+.0f}% of the removal call in the same reset "
+                                    f"(vs the raw removal timed apart: {s['added_ratio'] * 100:+.0f}%)",
+                        "met": share < ADDED_MAX})
     five = next((r for r in rows if r["keys"] >= 5_000_000), None)
     failed = [f"{r['keys']:,} {scope}: {_failure(r, scope)}" for r in rows for scope in ("scoped", "whole")
               if _failure(r, scope)]
@@ -109,7 +122,8 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _table(res: dict[str, Any], before: dict[str, Any] | None) -> str:
     old = {r["keys"]: r for r in _sized(before)}
-    head = ["keys", "clear", "raw removal", "kvctl's master phase", "added", "kvctl peak RSS",
+    head = ["keys", "clear", "raw removal", "kvctl's master phase", "added over the raw removal",
+            "added over its own removal call", "kvctl peak RSS",
             "`kvctl reset` process (peak RSS)", "master calls (last repetition)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in _sized(res):
@@ -121,12 +135,17 @@ def _table(res: dict[str, Any], before: dict[str, Any] | None) -> str:
                 if x is None:
                     raw = (at.get(scope) or {}).get("raw_s")
                     lines.append(f"| {r['keys']:,} | {scope}, {label} | {_t(_med(raw))} | **failed**: "
-                                 f"{_failure(at, scope)} | | | | |")
+                                 f"{_failure(at, scope)} | | | | | |")
                     continue
                 lines.append(f"| {r['keys']:,} | {scope}, {label} | {_t(_med(x['raw_s']))} | {_t(_med(x['kvctl_clear_s']))} "
-                             f"| {_t(x['added_s'])} ({x['added_ratio'] * 100:+.0f}%) | {_mib(x['kvctl_rss_self_kb'])} "
+                             f"| {_t(x['added_s'])} ({x['added_ratio'] * 100:+.0f}%) | {_own(x)} | {_mib(x['kvctl_rss_self_kb'])} "
                              f"| {_t(_med(x['process_wall_s']))} ({_mib(x['process_maxrss_kb'])}) | {_calls(x)} |")
     return "\n".join(lines) + "\n"
+
+
+def _own(s: dict[str, Any]) -> str:
+    got = own_added(s)
+    return "-" if got is None else f"{_t(got[0])} ({got[1] * 100:+.0f}%)"
 
 
 def _master_table(res: dict[str, Any]) -> str:
@@ -153,8 +172,11 @@ def section(res: dict[str, Any], before: dict[str, Any] | None = None) -> str:
              "client already set up, the HTTP `remove_all` on a fresh connection. kvctl's master phase is the "
              "receipt's `master.clear.latency_s` (count before, removal, count after), timed in a process "
              "that runs kvctl's reset (`benchmarks/scale.py --child`; its own peak RSS, `RUSAGE_SELF`: the store "
-             "client that removes the keys is a child process of its own); added = that phase less the raw "
-             "removal (medians). The `kvctl reset` process column is the command a user runs, its peak RSS "
+             "client that removes the keys is a child process of its own). Added over the raw removal is that "
+             "phase less the raw removal (medians; the raw call runs just before kvctl, and on this shared "
+             "2-core machine the same call moves by seconds between runs); added over its own removal call is "
+             "the phase less the removal kvctl made in that very reset (last repetition): what kvctl's counting "
+             "costs, the number the targets judge. The `kvctl reset` process column is the command a user runs, its peak RSS "
              "that of the whole process tree. Repetitions: 3 (scoped) and 2 (whole) below 2,000,000 keys, "
              "1 from there on (a whole clear must refill millions of keys each time).", "",
              _table(res, before), "", "What the master itself answers, per size:", "", _master_table(res),
@@ -175,8 +197,11 @@ def notes(res: dict[str, Any]) -> str:
     million = next((r for r in _sized(res) if r["keys"] == 1_000_000), None)
     if not million:
         return ""
+    from kvctl.reset.master import EXACT_BEFORE_MAX
+
     return ("A whole-master clear counts from the master's `master_key_count` gauge before and after (one per "
-            "key's metadata, exact; 0.5 ms whatever the size), so it lists nothing when the clear leaves no key. "
+            f"key's metadata, exact; {_med(million['metrics_s']) * 1000:.1f} ms at 1,000,000 keys), so it lists "
+            "nothing when the clear leaves no key. "
             "A scoped clear must know how many of this deployment's keys are left, and Mooncake has no way to "
             "count keys by prefix short of listing all of them: `GET /get_all_keys` takes no filter, and the "
             "store client's regex calls either remove (`remove_by_regex`, which counts only what it removed, "
@@ -184,8 +209,10 @@ def notes(res: dict[str, Any]) -> str:
             "incomplete ones (`QueryByRegex`). So a scoped clear lists once after its removal (read as a "
             f"stream: {_t(_med(million['listing_s']))} for the master's answer at 1,000,000 keys, "
             f"{million['listing_bytes'] / 1e6:.0f} MB, of which {_t(_med(million['listing_first_byte_s']))} "
-            "before its first byte), and once before only on a master of at most 100,000 keys; above that the "
-            "receipt says the counts before were not counted and gives at least the keys the clear removed.")
+            "before its first byte), and once before only on a master of at most "
+            f"{EXACT_BEFORE_MAX:,} keys; above that the receipt says the counts before were not counted and gives "
+            "at least the keys the clear removed. That one listing is the scoped clear's added time: the master "
+            "builds its whole answer first, so reading it as a stream bounds kvctl's memory, not the time.")
 
 
 def plot(res: dict[str, Any], before: dict[str, Any] | None, path: Path = PLOT) -> None:

@@ -55,6 +55,10 @@ MAX_REPLICAS = 1024
 
 def check_spec(spec: ServeSpec) -> None:
     """Refusals that need no process: bad counts, and dev-mode servers beyond loopback."""
+    if spec.model.startswith("-"):  # serve passes unknown options on to vLLM: a mistyped one lands here as MODEL
+        raise UsageError(f"kvctl serve: {spec.model!r} is not a kvctl serve option, and MODEL must come first",
+                         "kvctl serve -h lists serve's options; vLLM's own flags go after MODEL "
+                         "(kvctl serve MODEL -- --max-model-len 2048)")
     if spec.replicas < 1:
         raise UsageError(f"--replicas {spec.replicas}: need at least 1")
     if spec.replicas > MAX_REPLICAS:

@@ -110,3 +110,14 @@ def test_master_args_reach_the_real_master(cli, tmp_path: Path) -> None:
     finally:
         cli("stop", "--run", "margs", "--state-dir", str(tmp_path / "state"))
     assert gone(record)
+
+
+@pytest.mark.parametrize("args", [["--no-such-flag"], ["--no-such-flag", "MODEL"], ["-x", "--replicas", "1"]])
+def test_a_mistyped_option_before_model_is_refused_not_served(cli, tmp_path: Path, args: list[str]) -> None:
+    """serve hands unknown options to vLLM, so a typo before MODEL used to become MODEL and start a
+    replica of '--no-such-flag'; now refused before anything starts (no run recorded)."""
+    state = tmp_path / "state"
+    result = cli("serve", *args, "--state-dir", str(state))
+    assert result.exit_code == 2, result.stderr
+    assert "is not a kvctl serve option" in result.stderr and "kvctl serve -h" in result.stderr
+    assert not (state / "runs").exists() or not any((state / "runs").iterdir())

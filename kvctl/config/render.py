@@ -115,9 +115,24 @@ def render(
     ktc = fit_kv_transfer_config(ktc, version, notes)
     if mooncake is not None:
         mooncake = fit_mooncake_config(mooncake, version, notes)
+    if bundle_dir is not None and mooncake is not None and "config_path" not in overrides:
+        _note_config_path_elsewhere(env, bundle_dir, notes)
     bundle = Bundle(template.name, str(version), version_source, values, ktc, mooncake, env, notes)
     _self_check(bundle, version)
     return bundle
+
+
+def _note_config_path_elsewhere(env: dict[str, str], bundle_dir: Path, notes: list[str]) -> None:
+    """A template whose env hard-codes MOONCAKE_CONFIG_PATH makes `--out DIR` write a kvctl.env that
+    points away from the mooncake.json it writes beside it: say so (it may be meant: a path where the
+    file is mounted), rather than let the servers read another file silently."""
+    written = bundle_dir.expanduser().resolve() / BUNDLE_FILES["mooncake"]
+    path = env.get("MOONCAKE_CONFIG_PATH")
+    if path is not None and Path(path).expanduser() != written:
+        notes.append(f"kvctl.env sets MOONCAKE_CONFIG_PATH={path}, not the mooncake.json written to {written}: "
+                     "the servers read that other file. If that is not meant, give the template a config_path "
+                     "parameter and write MOONCAKE_CONFIG_PATH: ${config_path} (--out then points it at the "
+                     "written file), or --set config_path=PATH to say where the file will be")
 
 
 def _check_hash_seed(env: dict[str, str]) -> None:

@@ -171,3 +171,24 @@ def test_write_bundle_refuses_a_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a folder"):
         write_bundle(bundle, target)
     assert target.read_text() == "keep me"
+
+
+def test_out_notes_a_hard_coded_mooncake_config_path(tmp_path: Path) -> None:
+    """A user template whose env hard-codes MOONCAKE_CONFIG_PATH: --out writes a mooncake.json and a
+    kvctl.env pointing elsewhere. That may be meant (a mounted path), so a note says it, not silence."""
+    raw = yaml.safe_load((templates.builtin_dir() / "mooncake-store.yaml").read_text())
+    raw["name"] = "mine"
+    del raw["parameters"]["config_path"]
+    raw["env"]["MOONCAKE_CONFIG_PATH"] = "/etc/mooncake/mooncake.json"
+    template = templates.parse_template(raw, "mine.yaml")
+    out = tmp_path / "deploy"
+    bundle = render(template, {}, parse_version("0.32.0"), bundle_dir=out)
+    assert any("MOONCAKE_CONFIG_PATH=/etc/mooncake/mooncake.json, not the mooncake.json written to "
+               f"{out.resolve() / 'mooncake.json'}" in n for n in bundle.notes), bundle.notes
+    # the built-in template points it at the written file: no note
+    builtin = render(templates.load("mooncake-store"), {}, parse_version("0.32.0"), bundle_dir=out)
+    assert not any("MOONCAKE_CONFIG_PATH" in n for n in builtin.notes)
+    # --set config_path says where the file will be: no note either
+    moved = render(templates.load("mooncake-store"), {"config_path": "/srv/m.json"}, parse_version("0.32.0"),
+                   bundle_dir=out)
+    assert not any("MOONCAKE_CONFIG_PATH" in n for n in moved.notes)

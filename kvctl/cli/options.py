@@ -46,7 +46,7 @@ MasterOpt = Annotated[
 ]
 MasterRpcOpt = Annotated[
     Optional[str],
-    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (mooncake_master --rpc_port, e.g. 127.0.0.1:50051): kvctl clears only this deployment's keys through it (needs kvctl\\[mooncake-cpu] or the CUDA build of the store client). Default: $KVCTL_MASTER_RPC, else what a live run's record or the replicas' /server_info name."),
+    typer.Option("--master-rpc", metavar="HOST:PORT", help="The Mooncake master's RPC port (mooncake_master --rpc_port, e.g. 127.0.0.1:50051), to clear only this deployment's keys (needs the store client: kvctl\\[mooncake-cpu] or a CUDA build). Default: $KVCTL_MASTER_RPC, else a live run's record or the replicas' /server_info."),
 ]
 RunOpt = Annotated[
     Optional[str],
@@ -105,9 +105,8 @@ class OutputFormat(str, Enum):
 OutputOpt = Annotated[
     Optional[OutputFormat],
     typer.Option("--output", "-o", metavar="FORMAT", show_default=False, case_sensitive=False,
-                 help="table (Rich boxes: a terminal's default), plain (aligned columns, no box lines: the "
-                      "default when piped), wide (every column, also those left out to fit 80 columns) or "
-                      "json (the same as --json)."),
+                 help="table (a terminal's default), plain (no box lines: the default when piped), wide "
+                      "(every column) or json (as --json)."),
 ]
 NoHeadersOpt = Annotated[
     bool, typer.Option("--no-headers", help="Print tables without their header row and title (for awk, cut).")

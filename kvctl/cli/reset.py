@@ -31,11 +31,11 @@ def reset(
     no_encoder: Annotated[bool, typer.Option("--no-encoder", help="Skip /reset_encoder_cache.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Prove it: master key count 0 and a canary prompt with no cache hit after the reset.")] = False,
     pause: Annotated[Optional[bool], typer.Option("--pause/--no-pause", help="Pause generation first (in-flight requests finish) and always resume after. Default: on with --connector (vLLM's store reset wants no new puts while it drains).", show_default=False)] = None,
-    pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (it waits for in-flight requests); tried twice at most. When a pause fails, every replica that paused is resumed at once and nothing is reset.")] = 120.0,
+    pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (tried twice); a failed pause resumes every paused replica and resets nothing.")] = 120.0,
     whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
     clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped (puts still in flight, replication tasks).")] = 15.0,
-    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: after the reset, check these prompts by content (kvctl probe: as is vs computed fresh with a cache_salt); only a match verifies (STALE and inconclusive fail it). Log-probabilities may differ by each replica's own tolerance, from its dtype (GET /server_info): 1e-3 in float32, 0.25 in bfloat16/float16 or when unknown. One prompt a line, or JSONL.")] = None,
-    allow_mixed_weights: Annotated[bool, typer.Option("--allow-mixed-weights", help="With --verify: pass even when replicas sharing one cache namespace (the fleet's master, one cache_prefix) serve different weight versions or checksums. Without it --verify fails them: once resumed, their KV of different weights mixes in one store again.")] = False,
+    probe_prompts: Annotated[Optional[Path], typer.Option("--probe-prompts", metavar="FILE", help="With --verify: also check these prompts by content, as kvctl probe does (one a line, or JSONL); only a match verifies. Tolerances: docs/reset.md.")] = None,
+    allow_mixed_weights: Annotated[bool, typer.Option("--allow-mixed-weights", help="With --verify: pass although replicas sharing one store namespace serve different weights (their KV mixes in it once resumed).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; send nothing but version/config reads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="S", help="Per-call timeout in seconds.")] = 10.0,
     retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per call for refused connections, timeouts and 5xx.")] = 2,
@@ -48,7 +48,7 @@ def reset(
 ) -> None:
     """Hard-reset every replica: local prefix cache, external store (--connector), mm and encoder caches.
 
-    Plans from each replica's live version; fails before sending anything when the reset could not be complete. Each receipt records the weight version (GET /weight_info) each replica was cleared for, and with --verify its checksum digest; --verify fails replicas that share one cache namespace but serve different weights (--allow-mixed-weights: unless meant). Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial (the replicas not reset are named).
+    Plans from each replica's live version and fails before sending anything when the reset could not be complete; the receipt records each replica's weight version. Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial. More: docs/reset.md.
     """
     from kvctl.reset.execute import hard_reset_fleet
     from kvctl.reset.plan import ResetOptions

@@ -72,8 +72,9 @@ capabilities-mooncake: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info
 
-# Speed and scale of kvctl against the alternatives (~15 min here; not part of `make test`): writes
-# benchmarks/results.json, benchmarks/weights.json, docs/performance.md and docs/performance.png.
+# Speed and scale of kvctl against the alternatives (~15 min here, and ~30 more for the scale part, see
+# bench-scale; not part of `make test`): writes benchmarks/results.json, benchmarks/weights.json,
+# benchmarks/scale.json, docs/performance.md, docs/performance.png and docs/performance-scale.png.
 # BENCH_ARGS=--quick for a short run.
 BENCH_ARGS ?=
 .PHONY: bench

@@ -52,6 +52,9 @@ MINE_SHARE = 0.05
 PATTERN = "^" + re.escape(MINE + "@")
 RESULTS = BENCH_DIR / "scale.json"
 GiB = 1024 ** 3
+# The filler's segment: Mooncake gives each 32-byte value a ~1 KiB slot (a 4 GiB segment refused the
+# 4,194,001st put with -200), so 5,000,000 keys need over 5 GiB; pages are touched only as written.
+SEGMENT_MB = 8192
 
 
 # -- the child: one instrumented reset ----------------------------------------------------------------
@@ -340,7 +343,7 @@ def run(sizes: list[int], reps: int = 3, whole_reps: int = 2, reserve_gib: float
                         "--cache-prefix", MINE) as scoped, \
                     Helper("fleet_server.py", "--replicas", "1", "--out", tmp + "/whole", "--version", "0.22.0",
                            "--cache-prefix", MINE) as whole, \
-                    Helper("store_filler.py", "--master", master.rpc_address, "--segment-mb", "4096") as filler:
+                    Helper("store_filler.py", "--master", master.rpc_address, "--segment-mb", str(SEGMENT_MB)) as filler:
                 inventory = {False: Path(tmp) / "scoped.yaml", True: Path(tmp) / "whole.yaml"}
                 for is_whole, fleet in ((False, scoped), (True, whole)):
                     inventory[is_whole].write_text(

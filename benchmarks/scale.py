@@ -52,9 +52,11 @@ MINE_SHARE = 0.05
 PATTERN = "^" + re.escape(MINE + "@")
 RESULTS = BENCH_DIR / "scale.json"
 GiB = 1024 ** 3
-# The filler's segment: Mooncake gives each 32-byte value a ~1 KiB slot (a 4 GiB segment refused the
-# 4,194,001st put with -200), so 5,000,000 keys need over 5 GiB; pages are touched only as written.
-SEGMENT_MB = 8192
+# The fillers' segments: one segment holds at most ~4,194,000 objects (2^22 allocations: a 4 GiB one
+# refused the next put with -200, an 8 GiB one made the master evict), so the keys go to two store
+# clients with a segment each; pages are touched only as written (~1 KiB per 32-byte value).
+SEGMENT_MB = 4096
+FILLERS = 2
 
 
 # -- the child: one instrumented reset ----------------------------------------------------------------
@@ -182,13 +184,20 @@ def mem_available() -> int:
 
 
 class Store:
-    """The master and its filler: fills and counts, checked against the gauge."""
+    """The master and its fillers: fills (split across them) and counts, checked against the gauge."""
 
-    def __init__(self, admin: str, filler: Helper) -> None:
-        self.admin, self.filler = admin, filler
+    def __init__(self, admin: str, fillers: list[Helper]) -> None:
+        self.admin, self.fillers = admin, fillers
+        self.filler = fillers[0]  # removals: any client removes every matching key
 
     def fill(self, prefix: str, count: int) -> float:
-        return float(self.filler.command(f"fillp {prefix} {count}", timeout=1800)[0]) if count else 0.0
+        """Each filler puts its share (numbered apart), one after the other: the seconds summed."""
+        share, seconds = -(-count // len(self.fillers)), 0.0
+        for k, filler in enumerate(self.fillers):
+            n = max(0, min(share, count - k * share))
+            if n:
+                seconds += float(filler.command(f"fillp {prefix} {n} {k * share}", timeout=1800)[0])
+        return seconds
 
     def expect(self, total: int) -> None:
         count = metrics_call(self.admin)[1]
@@ -343,13 +352,14 @@ def run(sizes: list[int], reps: int = 3, whole_reps: int = 2, reserve_gib: float
                         "--cache-prefix", MINE) as scoped, \
                     Helper("fleet_server.py", "--replicas", "1", "--out", tmp + "/whole", "--version", "0.22.0",
                            "--cache-prefix", MINE) as whole, \
-                    Helper("store_filler.py", "--master", master.rpc_address, "--segment-mb", str(SEGMENT_MB)) as filler:
+                    Helper("store_filler.py", "--master", master.rpc_address, "--segment-mb", str(SEGMENT_MB)) as filler, \
+                    Helper("store_filler.py", "--master", master.rpc_address, "--segment-mb", str(SEGMENT_MB)) as second:
                 inventory = {False: Path(tmp) / "scoped.yaml", True: Path(tmp) / "whole.yaml"}
                 for is_whole, fleet in ((False, scoped), (True, whole)):
                     inventory[is_whole].write_text(
                         f"master: {master.admin_address}\nmaster_rpc: {master.rpc_address}\n"
                         f"cache_prefix: {MINE}\nreplicas:\n  - url: {fleet.ready[0]}\n")
-                store = Store(master.admin_address, filler)
+                store = Store(master.admin_address, [filler, second][:FILLERS])
                 log(f"scale: real master rpc {master.rpc_address}, admin {master.admin_address}")
                 rows.append(empty_baseline(inventory))
                 for size in sizes:

@@ -5,8 +5,8 @@ Usage: python benchmarks/store_filler.py --master 127.0.0.1:RPC_PORT [--clear-on
 Connects (tcp, P2PHANDSHAKE, loopback only), prints `READY` and answers one-line commands on
 stdin until it closes (a client's keys vanish from the master when it goes, so it stays alive):
   fill N    put N new small keys with put_batch        -> "OK <seconds>"
-  fillp P N put N new small keys named like vLLM's MooncakeStoreConnector's, under prefix P
-            (P@Qwen/Qwen3-8B@tp_rank:0@...@<hash>, ~90 bytes)   -> "OK <seconds>"
+  fillp P N [FIRST]  put N new small keys named like vLLM's MooncakeStoreConnector's, under prefix P
+            (P@Qwen/Qwen3-8B@tp_rank:0@...@<hash>, ~90 bytes; numbered from FIRST) -> "OK <seconds>"
   clear     MooncakeDistributedStore.remove_all(force=True), timed -> "OK <removed> <seconds>"
   rmre R    remove_by_regex(R, force=True), timed      -> "OK <removed> <seconds>"
 
@@ -44,10 +44,11 @@ def connect(master: str, segment_mb: int):  # type: ignore[no-untyped-def]
 VLLM_KEY = "{prefix}@Qwen/Qwen3-8B@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{generation:04x}{i:028x}"
 
 
-def fill(store, count: int, generation: int, prefix: str | None = None) -> float:  # type: ignore[no-untyped-def]
+def fill(store, count: int, generation: int, prefix: str | None = None,  # type: ignore[no-untyped-def]
+         offset: int = 0) -> float:
     start = time.perf_counter()
-    for first in range(0, count, BATCH):
-        span = range(first, min(count, first + BATCH))
+    for first in range(offset, offset + count, BATCH):
+        span = range(first, min(offset + count, first + BATCH))
         keys = [f"bench-{generation}-{i}" for i in span] if prefix is None else \
             [VLLM_KEY.format(prefix=prefix, generation=generation, i=i) for i in span]
         rc = store.put_batch(keys, [VALUE] * len(keys))
@@ -89,9 +90,10 @@ def main() -> int:
             if words[:1] == ["fill"] and len(words) == 2:
                 generation += 1
                 print(f"OK {fill(store, int(words[1]), generation):.6f}", flush=True)
-            elif words[:1] == ["fillp"] and len(words) == 3:
+            elif words[:1] == ["fillp"] and len(words) in (3, 4):  # fillp P N [FIRST]: key numbers from FIRST
                 generation += 1
-                print(f"OK {fill(store, int(words[2]), generation, words[1]):.6f}", flush=True)
+                first = int(words[3]) if len(words) == 4 else 0
+                print(f"OK {fill(store, int(words[2]), generation, words[1], first):.6f}", flush=True)
             elif words[:1] == ["rmre"] and len(words) == 2:
                 start = time.perf_counter()
                 removed = store.remove_by_regex(words[1], True)

@@ -85,7 +85,9 @@ def cluster(state: Path) -> Iterator[tuple[str, str, list[int]]]:
         yield c.address, c.head_node.node_id, [p.pid for p in started]
     finally:
         c.shutdown()  # the processes this cluster started, nothing else (no `ray stop`)
-        left = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        # shutdown signals and returns: on a loaded machine a process may take seconds to act on it
+        _, alive = psutil.wait_procs([p for p in started if p.is_running()], timeout=20)
+        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         for p in left:
             p.kill()
         for key, value in saved.items():

@@ -74,13 +74,16 @@ def cluster(state: Path) -> Iterator[tuple[str, str, list[int]]]:
     os.environ.update(RAY_ENV, RAY_TMPDIR=str(tmp), KVCTL_STATE_DIR=str(state))
     from ray.cluster_utils import Cluster
 
+    # what this session ran before the cluster (e.g. tests/docs' real master, kept to the session's end)
+    # is not the cluster's: only the processes that appear with it are checked and killed at teardown
+    earlier = {p.pid for p in psutil.Process().children(recursive=True)}
     began = time.monotonic()
     c = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": "127.0.0.1", "include_dashboard": False, "dashboard_port": free_port(),
         "dashboard_agent_listen_port": free_port(), "num_cpus": 1, "resources": {"kvctl_test_head": 1}})
     c.add_node(node_ip_address="127.0.0.1", num_cpus=1, resources={"kvctl_test_worker": 1})
     print(f"two-node Ray cluster at {c.address} up in {time.monotonic() - began:.1f} s")
-    started = psutil.Process().children(recursive=True)
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in earlier]
     try:
         yield c.address, c.head_node.node_id, [p.pid for p in started]
     finally:

@@ -206,3 +206,16 @@ def wait_for_quiet_machine(max_wait: float, poll: float = 15.0) -> float:
             announced = True
         time.sleep(poll)
     return time.monotonic() - began
+
+
+def replace_section(doc: Path, begin: str, end: str, new: str) -> None:
+    """Put `new` (which starts with `begin` and ends with `end`) where the page's begin..end section
+    is, or append it: the generated sections of docs/performance.md that scripts other than
+    benchmarks/run.py write."""
+    text = doc.read_text()
+    if begin in text and end in text:
+        rest = text[text.index(end) + len(end):].lstrip("\n")
+        text = text[:text.index(begin)] + new + ("\n" + rest if rest else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + new
+    doc.write_text(text)

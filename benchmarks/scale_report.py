@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BENCH_DIR, ROOT
+from benchmarks.common import BENCH_DIR, ROOT, replace_section
 
 BEGIN, END = "<!-- scale:begin (benchmarks/scale.py) -->", "<!-- scale:end -->"
 DOC = ROOT / "docs" / "performance.md"
@@ -261,10 +261,4 @@ def write_doc(res: dict[str, Any], doc: Path = DOC) -> None:
     """Replace section 7 between its markers, or append it."""
     before = json.loads(BEFORE.read_text()) if BEFORE.exists() else None
     plot(res, before, doc.with_name(PLOT.name))
-    text, new = doc.read_text(), section(res, before)
-    if BEGIN in text and END in text:
-        rest = text[text.index(END) + len(END):].lstrip("\n")
-        text = text[:text.index(BEGIN)] + new + ("\n" + rest if rest else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + new
-    doc.write_text(text)
+    replace_section(doc, BEGIN, END, section(res, before))

@@ -31,7 +31,7 @@ from typing import Any
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import BENCH_DIR, KVCTL, PY, ROOT, kvctl_json, log, run_timed, summarize  # noqa: E402
+from benchmarks.common import BENCH_DIR, KVCTL, PY, ROOT, kvctl_json, log, replace_section, run_timed, summarize  # noqa: E402
 
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
 PROMPT = ("The quick brown fox jumps over the lazy dog while the cache keeps every block it has seen. " * 4).strip()
@@ -242,13 +242,7 @@ def _missed_note(res: dict[str, Any]) -> str:
 def write_doc(res: dict[str, Any], command: str, doc: Path = DOC) -> None:
     """Replace the section between the markers, or append it (benchmarks/run.py re-renders the page
     from its template, so `make bench` runs this after it)."""
-    text, new = doc.read_text(), section(res, command)
-    if BEGIN in text and END in text:
-        rest = text[text.index(END) + len(END):].lstrip("\n")
-        text = text[:text.index(BEGIN)] + new + ("\n" + rest if rest else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + new
-    doc.write_text(text)
+    replace_section(doc, BEGIN, END, section(res, command))
 
 
 def main() -> int:

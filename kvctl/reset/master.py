@@ -78,16 +78,17 @@ async def count_before(master: MasterReceipt, plan: Plan, http: HttpPool) -> Cou
 
 
 async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store: Any = None,
-                       before: Awaitable[Counted] | None = None) -> None:
+                       before: Awaitable[Counted] | None = None, quiet: bool = True) -> None:
     """Clear on the leader. If it refuses (HA: a 503 from a node that stopped leading), find the
     leader again once and, if it moved, clear there. `store`: a store_client.StoreSession opened
     ahead for the planned master (prepare_store_session), used where it fits; `before`: count_before
-    of this master, already under way (a new leader is counted anew)."""
+    of this master, already under way (a new leader is counted anew). `quiet`: no replica writes now
+    (see _clear_on)."""
     from kvctl.transport.master_admin import MasterError
 
     started = time.perf_counter()
     try:
-        return await _clear_on(master, plan, http, started, store, before)
+        return await _clear_on(master, plan, http, started, store, before, quiet)
     except MasterError as exc:
         failure = _with_fix(exc)
     if ha_group(plan):
@@ -96,7 +97,7 @@ async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store:
             return  # the receipt says no master leads
         if master.address != before:
             try:
-                return await _clear_on(master, plan, http, started, store)
+                return await _clear_on(master, plan, http, started, store, quiet=quiet)
             except MasterError as exc:
                 failure = _with_fix(exc)
     master.clear = OpResult("master_clear", "failed", None, round(time.perf_counter() - started, 6), 1, error=failure)
@@ -122,9 +123,12 @@ def _with_fix(exc: Any) -> str:
 
 
 async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: float, store: Any = None,
-                    before: Awaitable[Counted] | None = None) -> None:
+                    before: Awaitable[Counted] | None = None, quiet: bool = True) -> None:
     """Clear this deployment's keys (scoped) or every key (whole) on master.address, count before and
-    after, and retry within clear_timeout what the clear skipped (puts in flight, replication tasks)."""
+    after, and, when `quiet` (no replica writes: kvctl or their owner paused them all), retry within
+    clear_timeout what the clear skipped (puts in flight, replication tasks). On a generating fleet
+    the keys counted after are live traffic's, written after the clear: one clear, and the count
+    after it is a fact for the reader, not a failure (the canary proves the store there)."""
     from kvctl.transport.master_admin import MasterAdmin
 
     opts, prefix, scope = plan.options, key_prefix(plan.cache_prefix), plan.master_clear_scope
@@ -136,7 +140,7 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
         removed, how = await _remove(admin, plan, prefix, master.rpc_address, store)
         deadline = started + opts.clear_timeout
         mine, others = await _count_after(admin, prefix, scope)
-        while mine and time.perf_counter() < deadline:
+        while quiet and mine and time.perf_counter() < deadline:
             await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
             removed += (await _remove(admin, plan, prefix, master.rpc_address, store))[0]
             mine, others = await _count_after(admin, prefix, scope)
@@ -150,12 +154,18 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
     if removed == 0 and master.keys_before:
         master.notes.append(f"the master reported 0 keys removed although {master.keys_before} were there "
                             "(remove_all answers 0 for a tenant it does not know): judged by counting again")
-    if mine:
+    if mine and not quiet:
+        master.notes.append(f"{mine} key(s) on the master after the clear: the fleet was generating, so they may "
+                            "be live traffic's (written after the clear); judged by the canary, not by this count")
+        mine_failed = False
+    else:
+        mine_failed = bool(mine)
+    if mine and quiet:
         master.remaining = (f"{mine} key(s) survived {opts.clear_timeout:g}s of forced clears: Mooncake "
                             "skips keys whose puts are still in flight or that have replication tasks, and the "
                             "keys of a writer that crashed mid-put stay PROCESSING for good (Mooncake issue 974): "
                             "restart the master to drop them, or rerun with a longer --clear-timeout")
-    master.clear = OpResult("master_clear", "ok" if not mine else "failed", 200,
+    master.clear = OpResult("master_clear", "failed" if mine_failed else "ok", 200,
                             round(time.perf_counter() - started, 6), 1, error=master.remaining, detail=how)
 
 
@@ -246,9 +256,11 @@ async def _store_client_remove(rpc: str | None, pattern: str | None, clear_timeo
     return done.removed
 
 
-async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> None:
+async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: HttpPool, quiet: bool = True) -> None:
     """--verify: this deployment's keys left on the master must be 0. A clear that just ran ends
-    by counting them (after its retries); its count is used rather than listing every key again."""
+    by counting them (after its retries); its count is used rather than listing every key again.
+    Not `quiet` (some replica generates): the count is taken and noted, but proves nothing either
+    way (verified stays None): live traffic writes new keys, and the canary judges the store."""
     from kvctl.transport.master_admin import MasterAdmin, MasterError
 
     mine = master.keys_after
@@ -263,6 +275,14 @@ async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: Htt
         master.keys_after = mine
         if master.cache_prefix:
             master.others_after = others
+    if not quiet:
+        master.verified = None
+        if mine:
+            note = (f"{mine} key(s) on the master after the reset: the fleet was generating, so they may be live "
+                    "traffic's; the canary judges the store instead of this count")
+            if note not in master.notes and not any("judged by the canary" in n for n in master.notes):
+                master.notes.append(note)
+        return
     if mine == 0:
         master.verified = await _confirm_empty(master, opts, http)
         return

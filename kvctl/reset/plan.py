@@ -14,16 +14,17 @@ from typing import Any
 
 from packaging.version import Version
 
-from kvctl.errors import UsageError
 from kvctl.facts.cache_prefix import SEPARATOR, cache_prefix_problem, cache_prefixes_in
 from kvctl.facts.capabilities import table
 from kvctl.facts.compat import cache_prefix_of, layout_of
 from kvctl.reset.addresses import check_addresses, named_master_rpc
 from kvctl.reset.leader import MasterChoice, MasterNode
+from kvctl.reset.options import ResetOptions
 from kvctl.reset.scope import plan_scope
+from kvctl.reset.window import read_window
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
-from kvctl.transport.vllm_client import PAUSE_TIMEOUT, ServerError, VllmClient, pause_params
+from kvctl.transport.vllm_client import ServerError, VllmClient, pause_params
 from kvctl.transport.vllm_weights import (
     MixedWeights,
     WeightRow,
@@ -32,59 +33,6 @@ from kvctl.transport.vllm_weights import (
     namespace_of,
     read_weight_state,
 )
-
-
-@dataclass
-class ResetOptions:
-    connector: bool = False  # also clear the external store (reset_external / master clear)
-    mm: bool = True
-    encoder: bool = True
-    verify: bool = False
-    pause: bool | None = None  # None: pause when clearing the connector (vLLM asks for it, below)
-    dry_run: bool = False
-    timeout: float = 10.0
-    retries: int = 2
-    concurrency: int = 256
-    pause_timeout: float = PAUSE_TIMEOUT  # one /pause (it waits for in-flight requests); tried twice at most
-    # A scoped fleet (cache_prefix) loses only its own keys unless this says the whole master may go.
-    whole_master: bool = False
-    clear_timeout: float = 15.0  # how long a master clear may retry keys it skipped (puts in flight)
-    # With verify: prompts `kvctl probe` checks after the reset (content, not counts); STALE fails it.
-    probe_prompts: list[str] | None = None
-    # With verify: replicas sharing one cache namespace but serving different weights (as read while
-    # planning) pass anyway; their checksums are then not read. kvctl.weights sets it: its plan-time
-    # weights are the old ones, and it compares the new ones' checksums itself.
-    allow_mixed_weights: bool = False
-
-    def check(self) -> ResetOptions:
-        """UsageError for options no reset can run with (the CLI's and the Python API's one check)."""
-        numbers = {"timeout": self.timeout, "pause_timeout": self.pause_timeout, "clear_timeout": self.clear_timeout,
-                   "retries": self.retries, "concurrency": self.concurrency}
-        for name, value in numbers.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UsageError(f"{name} must be a number, got {type(value).__name__} {value!r}",
-                                 f"e.g. {name}={getattr(ResetOptions, name)!r}")
-        for name in ("retries", "concurrency"):
-            if not isinstance(numbers[name], int):
-                raise UsageError(f"{name} must be a whole number, got {numbers[name]!r}")
-        # `not >` also refuses nan
-        if not (self.timeout > 0 and self.pause_timeout > 0 and self.clear_timeout >= 0) \
-                or self.retries < 0 or self.concurrency < 1 or self.timeout == float("inf"):
-            raise UsageError("--timeout and --pause-timeout must be > 0 (and finite), --clear-timeout >= 0, "
-                             "--retries >= 0 and --concurrency >= 1")
-        if self.probe_prompts is not None and not self.verify:
-            raise UsageError("probe prompts check the reset by content: they need verify",
-                             "add --verify, or run kvctl probe on its own")
-        if self.allow_mixed_weights and not self.verify:
-            raise UsageError("--allow-mixed-weights relaxes a check of --verify's: it needs --verify",
-                             "add --verify, or drop --allow-mixed-weights")
-        return self
-
-    @property
-    def pausing(self) -> bool:
-        """vLLM's MooncakeStoreConnector.reset_cache wants generation paused first, so that no new
-        puts are enqueued while the store drains: with --connector kvctl pauses unless told not to."""
-        return self.connector if self.pause is None else self.pause
 
 
 # -- plan ---------------------------------------------------------------------------------
@@ -107,6 +55,9 @@ class ReplicaPlan:
     cache_prefix: str | None = None  # as the server's own kv_connector_extra_config says
     master_rpc: str | None = None  # the master RPC address its served config names (kvctl.reset.addresses)
     local_only: str | None = None  # why reset_external is not sent (kvctl clears the store itself)
+    # serving | paused (by its owner) | asleep | unknown, as read while planning (kvctl.reset.window)
+    window: str | None = None
+    window_note: str | None = None
     error: str | None = None  # could not be planned (unreachable, dev mode off, ...)
     weights: WeightState | None = None  # /weight_info's version, /weight_checker's digest (with verify)
 
@@ -205,12 +156,13 @@ async def _plan_replica(replica: Replica, options: ResetOptions, http: HttpPool)
             rp.error = f"cannot read its version: {exc.message}"
             return rp
         rp.version = str(version)
+        rp.window, rp.window_note = await read_window(client, version)
         if options.connector or options.verify:
             await _learn_layout(client, replica, version, rp)
         # the weights this reset clears for; their digest only for --verify's mixed-weights check (vLLM
-        # hashes every weight for it, holding generation meanwhile)
-        rp.weights = await read_weight_state(client, version,
-                                             checksums=options.verify and not options.allow_mixed_weights)
+        # hashes every weight for it, holding generation meanwhile; a sleeping engine's are offloaded)
+        rp.weights = await read_weight_state(client, version, checksums=options.verify and not options.allow_mixed_weights
+                                             and rp.window != "asleep")
     if rp.error is None:
         rp.ops = _replica_ops(version, rp, options)
     return rp
@@ -292,12 +244,19 @@ def _vllm_clears_store(version: Version, layout: list[str] | None) -> bool | Non
 def _replica_ops(version: Version, rp: ReplicaPlan, options: ResetOptions) -> list[PlannedOp]:
     t = table()
     ops: list[PlannedOp] = []
+    if options.check_only:
+        return ops
     if options.pausing:
-        ops.append(_gated(version, "pause", "http.pause", pause_params(version)))
+        ops.append(_gated(version, "pause", "http.pause", pause_params(version, options.pause_mode)))
     params: dict[str, Any] = {}
     if t.has(version, "http.reset_prefix_cache.reset_external"):
         external = bool(options.connector and rp.layout != [])
-        params = {"reset_running_requests": False, "reset_external": external}
+        # A running request holds its blocks, and vLLM's prefix-cache reset fails while any block is
+        # in use (BlockPool.reset_prefix_cache returns False). Preempt them (they are recomputed,
+        # nothing fails) unless kvctl's own pause drained them first: a generating fleet, one its
+        # owner paused with mode=keep, or kvctl's keep pause would otherwise fail the reset.
+        preempt = not options.drains or rp.window == "paused"
+        params = {"reset_running_requests": preempt, "reset_external": external}
     ops.append(PlannedOp("prefix_cache", params))
     if options.mm:
         ops.append(_gated(version, "mm_cache", "http.reset_mm_cache"))
@@ -327,11 +286,13 @@ def _plan_master(plan: Plan) -> None:
         plan.error = "no replica could be planned: " + "; ".join(f"{r.name}: {r.error}" for r in plan.replicas)
         plan.hint = "check the URLs and that the servers are up (and run with VLLM_SERVER_DEV_MODE=1)"
         return
-    if plan.options.connector:
+    if plan.options.connector and not plan.options.check_only:
         plan_scope(plan, planned)
         if plan.error is None:
             _plan_master_clear(plan, planned)
-    if plan.error is None and plan.options.verify and plan.master is None \
+    if plan.options.check_only and plan.master is None:
+        plan.notes.append("no Mooncake master given: the store is judged by the canaries alone")
+    elif plan.error is None and plan.options.verify and plan.master is None \
             and any(r.has_store or r.layout is None for r in planned):
         plan.error = "--verify needs the Mooncake master to count its keys, and no master is known"
         plan.hint = "pass --master HOST:PORT (the master's admin/metrics port) or put master: in the inventory"

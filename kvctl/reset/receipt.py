@@ -40,6 +40,7 @@ class CanaryCheck:
     local_hits: float | None = None
     external_hits: float | None = None
     error: str | None = None
+    stale: bool = False  # it hit the cache after the reset: KV computed before it survives
 
 
 @dataclass
@@ -59,6 +60,13 @@ class ReplicaReceipt:
     weight_version: str | None = None
     weight_digest: str | None = None
     weight_note: str | None = None
+    # The window it was in (kvctl.reset.window), what was proven and how, what could not be, and a
+    # check left for after its owner resumes it (its canary, kvctl evidence check)
+    window: str | None = None
+    proven: list[str] = field(default_factory=list)
+    unproven: list[str] = field(default_factory=list)
+    pending: str | None = None
+    stale: bool = False  # seen serving KV from before the reset (canary hit, STALE probe, keys left in a quiet store)
 
 
 @dataclass
@@ -100,10 +108,33 @@ class Receipt:
     plan: Plan
     total_s: float
     not_reset: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: prime, pause, step, reset, resume, verify
+    paused_s: float | None = None  # kvctl's paused window: first pause sent -> last resume answered
 
     @property
     def ok(self) -> bool:
         return self.exit_code == EXIT_OK
+
+    @property
+    def pending(self) -> list[str]:
+        """Replicas reset (and proven as far as their window allows) whose canary waits for their owner's resume."""
+        return [r.name for r in self.replicas if r.reset and r.pending]
+
+    @property
+    def stale(self) -> list[str]:
+        """Replicas seen serving KV from before the reset (a canary hit, a STALE probe)."""
+        return [r.name for r in self.replicas if r.stale]
+
+    @property
+    def failed(self) -> bool:
+        """Something was not reset or not clean: a pending check alone is not a failure."""
+        return bool(self.not_reset)
+
+    def metrics(self, prefix: str = "kvctl/") -> dict[str, float]:
+        """Flat numbers for a trainer's metric logger (wandb, verl's `metrics`, TensorBoard) as they are."""
+        from kvctl.reset.metrics import receipt_metrics
+
+        return receipt_metrics(self, prefix)
 
     def to_dict(self) -> dict[str, Any]:
         data = plain_data(self)
@@ -125,13 +156,15 @@ def receipt_without_execution(plan: Plan, fleet: Fleet, elapsed: float) -> Recei
     return Receipt(code, summary, True, plan.options.verify, replicas, master, plan, elapsed, unplanned)
 
 
-def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt | None, elapsed: float) -> Receipt:
+def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt | None, elapsed: float,
+             phases: dict[str, float] | None = None, paused_s: float | None = None) -> Receipt:
     opts = plan.options
-    master_ok = True
+    master_ok: bool | None = True
     if plan.master_clear:
         master_ok = master is not None and master.clear is not None and master.clear.result == "ok"
     if opts.verify and master is not None:
-        master_ok = master_ok and master.verified is True
+        # None: counted on a generating fleet, where a count proves nothing (the canary judges)
+        master_ok = master_ok and master.verified if master.verified is not None else (master_ok and None)
     plans = {r.name: r for r in plan.replicas}
     _record_weights(plan, replicas)
     mixed = {} if opts.allow_mixed_weights or not opts.verify else \
@@ -145,25 +178,76 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
         # matched: inconclusive means it proved nothing
         probe_ok = rr.probe["verdict"] == "match" if rr.probe is not None \
             else not (opts.verify and opts.probe_prompts)
-        store_ok = master_ok if (needs_master or (opts.verify and master is not None)) else True
-        rr.reset = rr.error is None and not failed and canary_ok and probe_ok and store_ok and rr.name not in mixed
+        judged = needs_master or (opts.verify and master is not None)
+        store_ok = (master_ok if master_ok is not None else canary_ok) if judged else True
+        deferred = rr.canary is None and (rr.pending is not None or any(u.startswith("content:") for u in rr.unproven))
+        if deferred:
+            # no canary could run (paused by its owner, asleep, none in the evidence): the reset counts
+            # as done when its calls and the store's count hold; the receipt says what stays unproven
+            canary_ok = probe_ok = True
+            store_ok = True if master_ok is None and judged else store_ok
+        rr.stale = _is_stale(rr) or bool(judged and master is not None and master.verified is False
+                                         and (master.keys_after or 0) > 0)
+        rr.reset = rr.error is None and not failed and canary_ok and probe_ok and bool(store_ok) \
+            and rr.name not in mixed and not rr.stale
+        _record_proof(rr, master, master_ok, opts.verify, bool(judged))
         if rr.error is None and rr.name in mixed and not failed:  # cleared, but its store mixes again on resume
             rr.error = (f"verification failed: {mixed[rr.name]}; fix: kvctl weights update on them, or "
                         "--allow-mixed-weights where they are meant to differ")
         if rr.error is None and not rr.reset:
-            rr.error = _replica_error(failed, rr.canary, opts.verify, store_ok, master, rr.probe,
+            rr.error = _replica_error(failed, rr.canary, opts.verify, bool(store_ok), master, rr.probe,
                                       bool(opts.probe_prompts))
     not_reset = [r.name for r in replicas if not r.reset]
+    open_items = [r for r in replicas if r.reset and (r.pending or r.unproven)]
     done = len(replicas) - len(not_reset)
-    if not not_reset:
+    did = ("checked (nothing was reset by kvctl)" if opts.check_only else "hard-reset" if opts.connector
+           else "reset (local caches only; the external store was not touched: --connector clears it)")
+    if not not_reset and not open_items:
         code = EXIT_OK
-        what = "hard-reset" if opts.connector else "reset (local caches only; the external store was not touched: --connector clears it)"
-        summary = f"{done}/{len(replicas)} replica(s) {what}" + (" and verified" if opts.verify else "")
+        summary = f"{done}/{len(replicas)} replica(s) {did}" + (" and verified" if opts.verify else "")
+    elif not not_reset:
+        code = EXIT_PARTIAL
+        pending = [r.name for r in open_items if r.pending]
+        unproven = [r.name for r in open_items if not r.pending]
+        summary = f"{done}/{len(replicas)} replica(s) {did}; proven as far as their window allows"
+        if pending:
+            summary += (f"; content check PENDING on {', '.join(pending)} (paused by their owner): run `kvctl "
+                        "evidence check FILE` (kvctl.check_evidence) once they resume")
+        if unproven:
+            summary += f"; NOT fully proven on {', '.join(unproven)} (see each replica's unproven)"
     else:
         code = EXIT_FAILED if done == 0 else EXIT_PARTIAL
-        summary = (f"{done}/{len(replicas)} replica(s) reset" + (" and verified" if opts.verify else "")
-                   + f"; NOT reset: {', '.join(not_reset)}")
-    return Receipt(code, summary, False, opts.verify, replicas, master, plan, round(elapsed, 6), not_reset)
+        verb = "verified clean" if opts.check_only else "reset" + (" and verified" if opts.verify else "")
+        summary = f"{done}/{len(replicas)} replica(s) {verb}; NOT {'clean' if opts.check_only else 'reset'}: " \
+                  f"{', '.join(not_reset)}"
+        stale = [r.name for r in replicas if r.stale]
+        if stale:
+            summary += f" (STALE KV served by {', '.join(stale)})"
+    return Receipt(code, summary, False, opts.verify, replicas, master, plan, round(elapsed, 6), not_reset,
+                   dict(phases or {}), paused_s)
+
+
+def _is_stale(rr: ReplicaReceipt) -> bool:
+    """Seen serving KV from before the reset: its canary hit, or its probe found STALE."""
+    return bool((rr.canary is not None and rr.canary.stale) or (rr.probe and rr.probe.get("verdict") == "STALE"))
+
+
+def _record_proof(rr: ReplicaReceipt, master: MasterReceipt | None, master_ok: bool | None, verify: bool,
+                  judged: bool) -> None:
+    """What was proven for this replica, and how, in words (the receipt's `proven` list)."""
+    if not verify:
+        return
+    if rr.canary is not None and rr.canary.ok:
+        how = ("its canary's cached_tokens" if rr.canary.signal == "cached_tokens" else "its hit counters")
+        rr.proven.append(f"local and store: a prompt cached before the reset shows 0 cached tokens after it ({how})")
+    if judged and master is not None and master.verified:
+        scope = f"under '{master.cache_prefix}'" if master.cache_prefix else "in total"
+        rr.proven.append(f"store: 0 keys {scope} on the master {master.address} while no replica wrote")
+    if rr.probe is not None and rr.probe.get("verdict") == "match":
+        rr.proven.append("content: kvctl probe's answers match a fresh computation")
+    if judged and master_ok is None and (rr.canary is None or not rr.canary.ok):
+        rr.unproven.append("store: the fleet was generating, so the master's count proves nothing, and no canary "
+                           "proved it either")
 
 
 def _record_weights(plan: Plan, replicas: list[ReplicaReceipt]) -> None:

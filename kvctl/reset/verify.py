@@ -96,6 +96,7 @@ class Canary:
         if self.signal == "cached_tokens" and result.cached_tokens is None:
             # the per-request signal that proved the canary before the reset is gone: never pass on that
             if counted > 0:
+                result.stale = True
                 result.error = ("the canary's answer after the reset has no cached_tokens, and the replica's "
                                 f"counters show {counters_say} (stale KV survives)")
             else:
@@ -109,6 +110,7 @@ class Canary:
             stale, what = counted, counters_say
         result.ok = stale == 0
         if not result.ok:
+            result.stale = True
             result.error = f"the canary still hit the cache after the reset: {what} (stale KV survives)"
         return result
 

@@ -222,13 +222,13 @@ class VllmClient(HttpClientBase):
     async def reset_encoder_cache(self) -> CallOutcome:
         return await self.call("POST", "/reset_encoder_cache")
 
-    async def pause(self, version: Version, timeout: float = PAUSE_TIMEOUT) -> CallOutcome:
+    async def pause(self, version: Version, timeout: float = PAUSE_TIMEOUT, mode: str = "wait") -> CallOutcome:
         """Pause generation, letting in-flight requests finish first (so none fails).
 
         Waits up to `timeout` (not the short per-call one: the server may still be draining
         requests it has accepted), and is tried at most twice: a stuck pause must not hold the
         rest of the fleet paused for minutes."""
-        return await self.call("POST", "/pause", params=pause_params(version) or None,
+        return await self.call("POST", "/pause", params=pause_params(version, mode) or None,
                                timeout=timeout, retries=min(self.retries, 1))
 
     async def resume(self) -> CallOutcome:
@@ -236,6 +236,9 @@ class VllmClient(HttpClientBase):
 
     async def is_paused(self) -> CallOutcome:
         return await self.call("GET", "/is_paused")
+
+    async def is_sleeping(self) -> CallOutcome:
+        return await self.call("GET", "/is_sleeping")
 
     # -- weights (dev mode) ------------------------------------------------------------------
     async def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None, *,
@@ -289,15 +292,18 @@ class VllmClient(HttpClientBase):
         return checksums
 
 
-def pause_params(version: Version) -> dict[str, Any]:
-    """The version's way to say "wait for in-flight requests, keep the caches".
+PAUSE_MODES = ("wait", "keep")  # kvctl's own pause: never "abort" (it would fail the requests)
+
+
+def pause_params(version: Version, mode: str = "wait") -> dict[str, Any]:
+    """The version's way to say "wait for in-flight requests (or, mode keep, freeze them), keep the caches".
 
     clear_cache defaults to true in every release that takes it (vllm_facts.json), and from 0.23 a
     clearing pause also resets the connector: a master-wide remove_all on a shared Mooncake
     master. kvctl clears what it means to clear itself, so it always says clear_cache=false."""
     params: dict[str, Any] = {}
     if table().has(version, "http.pause.mode"):
-        params["mode"] = "wait"
+        params["mode"] = mode
     elif table().has(version, "http.pause.legacy_params"):
         params["wait_for_inflight_requests"] = True
     if table().has(version, "http.pause.clear_cache"):

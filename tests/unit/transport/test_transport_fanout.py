@@ -97,7 +97,7 @@ def test_a_reset_sends_through_the_large_fleet_transport(doubles: DoubleFleet,
     monkeypatch.setattr(AioHttpPool, "request", counted)
     receipt = core.reset([doubles.add(VllmDouble("0.23.0", connector=None))], pause=True)
     assert receipt.exit_code == 0, receipt.summary
-    assert len(sent) == 7  # version, is_paused, pause, three resets, resume
+    assert len(sent) == 9  # version, is_sleeping + is_paused (its window), is_paused, pause, three resets, resume
 
 
 # -- file limits: a fleet larger than the process's open-file budget --------------------------------

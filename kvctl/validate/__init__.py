@@ -4,7 +4,7 @@ where it is (file:line), what is wrong and how to fix it.
     readers/      one reader per input format -> located Artifacts (model.py)
     kv_config.py  checks of a kv_transfer_config        mooncake_file.py  of a mooncake.json
     env.py        of the servers' environment           lmcache.py        of an LMCache config
-    bundle.py     of a rendered bundle as a whole
+    bundle.py     of a rendered bundle as a whole       verl.py           what verl does on top
 
 Version facts come only from kvctl.facts.capabilities. Core library: no printing, no CLI imports, and
 never imports vllm, torch or mooncake (validate must run on a control node without them).
@@ -30,6 +30,7 @@ from kvctl.validate.offloading_args import check_offloading_args
 from kvctl.validate.python_api import check_python_api
 from kvctl.validate.readers import not_found, read
 from kvctl.validate.serve_flags import check_serve_args
+from kvctl.validate.verl import check_verl, check_verl_kv_transfer_config, with_verl_fixes
 from kvctl.validate.readers.documents import node_lines, parse_document
 from kvctl.validate.readers.env_file import read_env_file
 
@@ -73,9 +74,14 @@ def validate_path(path: Path, version: Version | str, *, allow_dropped: bool = F
 def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Problem]:
     if artifact.options:  # the launch line's other options, then the config itself
         return check_serve_args(artifact, v) + _check(replace(artifact, options=()), v, names)
+    if artifact.kind == "kv_transfer_config" and artifact.framework == "verl":
+        return with_verl_fixes(artifact, _check(replace(artifact, framework=""), v, names)) + \
+            check_verl_kv_transfer_config(artifact)
     if artifact.kind == "kv_transfer_config":
         return validate_kv_transfer_config(artifact.data, v, artifact.where, artifact.lines,
                                            env=artifact.env, partial=artifact.partial)
+    if artifact.kind == "verl":
+        return check_verl(artifact, names)
     if artifact.kind == "mooncake":
         return validate_mooncake_config(artifact.data, v, artifact.where, artifact.lines,
                                         readers=names)
@@ -111,6 +117,9 @@ def _describe(artifact: Artifact) -> str:
     return f"{artifact.kind} at {where}" + (f" ({artifact.origin})" if artifact.origin else "")
 
 
+_KIND_NAMES = {"mooncake": "a mooncake.json", "verl": "a verl rollout section"}
+
+
 def load_kv_transfer_config(path: Path) -> dict[str, Any]:
     """The one kv_transfer_config in a file (any format kvctl reads) or a bundle folder.
 
@@ -120,8 +129,7 @@ def load_kv_transfer_config(path: Path) -> dict[str, Any]:
     found = read(path)
     configs = [a for a in found.artifacts if a.kind == "kv_transfer_config"]
     if not configs and found.artifacts:
-        kinds = sorted({"a mooncake.json" if a.kind == "mooncake" else f"an {a.kind} config"
-                        for a in found.artifacts})
+        kinds = sorted({_KIND_NAMES.get(a.kind, f"an {a.kind} config") for a in found.artifacts})
         raise UsageError(f"{path}: no kv_transfer_config in it: it holds {' and '.join(kinds)}",
                          "give the kv_transfer_config (or a launch line, verl config, manifest or "
                          "bundle holding one)")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 ERROR = "error"
 WARNING = "warning"
 
-ArtifactKind = Literal["kv_transfer_config", "mooncake", "env", "lmcache", "kv_offloading"]
+ArtifactKind = Literal["kv_transfer_config", "mooncake", "env", "lmcache", "kv_offloading", "verl"]
 _LAST_STEP = re.compile(r"(\.?[^.\[\]]+|\[\d+\])$")  # last ".key", "key" or "[i]"
 
 
@@ -84,6 +84,30 @@ class Artifact:
     # The other `--options` of the vLLM launch line this config came from, (word without =value, line):
     # kvctl.validate.serve_flags judges them against the release's parser (on one artifact a command).
     options: tuple[tuple[str, int], ...] = ()
+    # "verl": read from verl's engine_kwargs.vllm (a verl config or its Hydra overrides), where
+    # verl's own rules apply on top of vLLM's (kvctl.validate.verl)
+    framework: str = ""
+
+
+@dataclass(frozen=True)
+class HydraOverride:
+    """One `[+|++|~]key=value` word of a command line (verl's entry point is a Hydra app)."""
+
+    prefix: str  # "", "+", "++" or "~"
+    key: str  # dotted
+    value: Any  # scalars parsed as JSON; anything else as written
+    line: int
+
+
+@dataclass(frozen=True)
+class VerlConfig:
+    """A verl config (the data of an Artifact of kind "verl"): the tree a YAML file holds or its
+    command line's overrides build, and those overrides."""
+
+    tree: dict[str, Any]
+    overrides: tuple[HydraOverride, ...] = ()
+    # the command loads its own config (--config-name ...), which may hold keys verl's lacks
+    own_config: bool = False
 
 
 @dataclass
@@ -198,6 +222,13 @@ def find_key(node: Any, key: str, path: str) -> Iterator[tuple[str, Any]]:
     elif isinstance(node, list):
         for index, item in enumerate(node):
             yield from find_key(item, key, f"{path}[{index}]")
+
+
+def value_at(data: Any, dotted: str) -> Any:
+    """The value at a dotted path of a dict tree, or None."""
+    for key in dotted.split("."):
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return data
 
 
 def placeholder(value: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 
 from kvctl.errors import UsageError
+from kvctl.facts.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import text_lines
 from kvctl.validate.readers.flag_value import VARIABLE as _VARIABLE
@@ -25,6 +26,7 @@ from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as
 from kvctl.validate.readers.serve_args import launch_options
 from kvctl.validate.readers.shell_env import Exports, with_env_lines
 from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
+from kvctl.validate.readers.verl import verl_in_words
 
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
 # verl / Hydra: [+|++|~]a.b.kv_transfer_config[.key]=value
@@ -346,12 +348,14 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
             pending.adds = pending.adds or token.text.startswith("+")
             _take(pending, hydra["dotted"], hydra["value"], token.line, file, problems, False, expand)
     found = [] if pending.lines is None else [_artifact(pending, command)]
+    verl = verl_in_words([(t.text, t.line) for t in tokens], file)  # verl's own rules, judged apart
     offload = in_words([(t.text, t.line) for t in tokens], file, problems, expand)  # --kv-offloading-size
     found += [located(offload, file, "", f"{command.program} (line {min(v[1] for v in offload.values())})",
                       found[0] if found else None, command.env)] if offload else []
     # the line's other options, judged per release: only where kvctl already reads it as vLLM's
     options = launch_options([(t.text, t.line) for t in tokens]) if found else ()
-    return [replace(found[0], options=options), *found[1:]] if options else found
+    found = [replace(found[0], options=options), *found[1:]] if options else found
+    return found + ([verl] if verl is not None else [])
 
 
 def _artifact(pending: _Pending, command: Command) -> Artifact:
@@ -361,7 +365,8 @@ def _artifact(pending: _Pending, command: Command) -> Artifact:
     partial = bool(pending.hydra_path) and not pending.whole and not pending.adds
     return Artifact("kv_transfer_config", pending.data, "kv_transfer_config", pending.lines,
                     origin=f"{'Hydra override' if pending.hydra_path else command.program} "
-                           f"(line {pending.line}){via}", env=command.env, partial=partial)
+                           f"(line {pending.line}){via}", env=command.env, partial=partial,
+                    framework="verl" if pending.hydra_path == ".".join(VERL_PATH) else "")
 
 
 def _from_variable(pending: _Pending, raw: str, line: int, line_of: Callable[[str], int | None]) -> int:

@@ -31,6 +31,7 @@ from kvctl.validate.readers.shell import (
     is_config_flag,
     read_launch_text,
 )
+from kvctl.validate.readers.verl import verl_in_document
 
 _KTC_KEYS = ("kv_transfer_config", "kv-transfer-config")
 _MOONCAKE_MARKERS = ("master_server_address", "metadata_server")
@@ -96,8 +97,12 @@ def read_document(data: Any, node: yaml.Node | None, file: str) -> Found:
     if isinstance(data, dict) and any(k in data for k in _LMCACHE_MARKERS):
         return Found("lmcache", [Artifact("lmcache", data, "lmcache", node_lines(node, "lmcache", file))])
     found = Found(_format_of(data))
-    _visit("", data, node, node_lines(node, "", file), found)
+    lines = node_lines(node, "", file)
+    _visit("", data, node, lines, found)
     found.artifacts, found.held = merge_held(found.artifacts, found.held), []
+    verl = verl_in_document(data, lines)
+    if verl is not None:  # after the configs: readers of one config take the first artifact
+        found.artifacts.append(verl)
     return found
 
 
@@ -115,8 +120,7 @@ def read_document_text(text: str, file: str, first_line: int) -> tuple[list[Arti
 
 def _moved(artifact: Artifact, offset: int) -> Artifact:
     lines = SourceLines(artifact.lines.file, {k: v + offset for k, v in artifact.lines.items()})
-    return Artifact(artifact.kind, artifact.data, artifact.where, lines,
-                    origin=f"heredoc at line {offset + 1}", readers=artifact.readers, env=artifact.env)
+    return replace(artifact, lines=lines, origin=f"heredoc at line {offset + 1}")
 
 
 def _only_fields(data: dict[str, Any]) -> bool:
@@ -268,7 +272,8 @@ def _config_block(path: str, value: Any, node: yaml.Node | None, lines: SourceLi
                                       "write it as {kv_connector: ..., kv_role: ...}", ERROR))
         return
     found.artifacts.append(Artifact("kv_transfer_config", value, where, config_lines,
-                                    origin=f"line {lines.get(path, 1)}"))
+                                    origin=f"line {lines.get(path, 1)}",
+                                    framework="verl" if path == ".".join(VERL_PATH) else ""))
 
 
 def _argv(path: str, items: list[Any], node: yaml.Node | None, lines: SourceLines,

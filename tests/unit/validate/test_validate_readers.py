@@ -95,11 +95,14 @@ def test_verl_hydra_overrides_whole_and_by_key(tmp_path: Path) -> None:
     actor_rollout_ref.rollout.engine_kwargs.vllm.kv_transfer_config='{kv_connector:MooncakeStoreConnector,kv_role:kv_both}' \\
     +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_transfer_config.kv_connector_extra_config.cache_prefix=team-a
 """)
-    (artifact,) = read(path).artifacts
+    artifact, verl = read(path).artifacts
     assert artifact.data == {**STORE, "kv_connector_extra_config": {"cache_prefix": "team-a"}}
     assert artifact.lines["kv_transfer_config.kv_role"] == 3
     assert artifact.lines["kv_transfer_config.kv_connector_extra_config.cache_prefix"] == 4
-    assert artifact.origin.startswith("Hydra override")
+    assert artifact.origin.startswith("Hydra override") and artifact.framework == "verl"
+    # and the rollout section the overrides build, for verl's own rules (kvctl.validate.verl)
+    assert verl.kind == "verl" and [(o.prefix, o.line) for o in verl.data.overrides] == [("", 3), ("+", 4)]
+    assert verl.lines["actor_rollout_ref.rollout.engine_kwargs.vllm"] == 3
 
 
 def test_verl_yaml_with_a_json_string_block_locates_the_key_inside(tmp_path: Path) -> None:

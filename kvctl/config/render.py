@@ -25,9 +25,14 @@ from kvctl.facts.bundle_layout import BUNDLE_FILES, MANIFEST, VERL_PATH
 from kvctl.facts.cache_prefix import cache_prefixes_in, check_cache_prefix
 from kvctl.facts.capabilities import CapabilityTable, table
 from kvctl.facts.kv_transfer import connector_names
+from kvctl.facts.serve_flags import serve_options
+from kvctl.facts.verl import RUNTIME_ENV_VARS
 from kvctl.facts.versions import release
 
 FORMATS = ("verl", "vllm-args", "json", "env", "mooncake")
+# Server flags verl's servers get beside the connector: kvctl's verify canary reads each answer's
+# usage.prompt_tokens_details.cached_tokens, which vLLM reports only with this flag.
+VERL_SERVE_FLAGS = {"enable_prompt_tokens_details": True}
 
 
 @dataclass
@@ -40,6 +45,9 @@ class Bundle:
     mooncake: dict[str, Any] | None
     env: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    # `vllm serve` flags verl.yaml sets under engine_kwargs.vllm beside kv_transfer_config (those
+    # of VERL_SERVE_FLAGS the target version has)
+    serve_flags: dict[str, Any] = field(default_factory=dict)
 
     def as_format(self, fmt: str) -> str:
         """The text of one output format (each ends with a newline)."""
@@ -47,10 +55,7 @@ class Bundle:
         if fmt == "json":
             return json.dumps(ktc, indent=2) + "\n"
         if fmt == "verl":
-            nested: Any = ktc
-            for key in reversed(VERL_PATH):
-                nested = {key: nested}
-            return yaml.safe_dump(nested, sort_keys=False, default_flow_style=False)
+            return yaml.safe_dump(self.verl_config(), sort_keys=False, default_flow_style=False)
         if fmt == "vllm-args":
             return "--kv-transfer-config " + shlex.quote(json.dumps(ktc, separators=(",", ":"))) + "\n"
         if fmt == "env":
@@ -64,6 +69,16 @@ class Bundle:
                 )
             return json.dumps(self.mooncake, indent=2) + "\n"
         raise UsageError(f"unknown format '{fmt}'", "use one of: " + ", ".join(FORMATS))
+
+    def verl_config(self) -> dict[str, Any]:
+        """verl's config for this bundle: the connector and server flags where verl hands them to
+        `vllm serve` (engine_kwargs.vllm), and the env (the env format's variables, one source)
+        where verl gives it to every Ray worker, the servers included (ray_kwargs.ray_init.
+        runtime_env.env_vars). Every env value is already a string, as Ray requires."""
+        config = _nested(VERL_PATH[:-1], {VERL_PATH[-1]: self.kv_transfer_config, **self.serve_flags})
+        if self.env:
+            config.update(_nested(RUNTIME_ENV_VARS, dict(self.env)))
+        return config
 
     def files(self) -> dict[str, str]:
         """File name -> text for `--out DIR`; mooncake.json only where the template has one."""
@@ -117,9 +132,34 @@ def render(
         mooncake = fit_mooncake_config(mooncake, version, notes)
     if bundle_dir is not None and mooncake is not None and "config_path" not in overrides:
         _note_config_path_elsewhere(env, bundle_dir, notes)
-    bundle = Bundle(template.name, str(version), version_source, values, ktc, mooncake, env, notes)
+    bundle = Bundle(template.name, str(version), version_source, values, ktc, mooncake, env, notes,
+                    verl_serve_flags(version, notes))
     _self_check(bundle, version)
     return bundle
+
+
+def verl_serve_flags(version: Version, notes: list[str]) -> dict[str, Any]:
+    """VERL_SERVE_FLAGS that `vllm serve` of `version` accepts (verl turns each into a flag: one
+    the parser lacks stops every server); each left out is noted."""
+    options = serve_options(version)
+    flags = {}
+    for name, value in VERL_SERVE_FLAGS.items():
+        if "--" + name.replace("_", "-") in options:
+            flags[name] = value
+        else:
+            why = "does not have" if options else "is not covered by kvctl's facts, so kvctl cannot tell it has"
+            notes.append(f"--format verl (verl.yaml): left out engine_kwargs.vllm.{name}: vLLM {version} {why} --"
+                         f"{name.replace('_', '-')}; without it the servers report no cached-token counts "
+                         "and kvctl's verify canary cannot prove a reset")
+    return flags
+
+
+def _nested(path: tuple[str, ...], leaf: Any) -> dict[str, Any]:
+    """{path[0]: {path[1]: ... leaf}}."""
+    nested = leaf
+    for key in reversed(path):
+        nested = {key: nested}
+    return nested
 
 
 def _note_config_path_elsewhere(env: dict[str, str], bundle_dir: Path, notes: list[str]) -> None:

@@ -145,9 +145,53 @@ def test_formats(tmp_path: Path) -> None:
     env = dict(line.removeprefix("export ").split("=", 1) for line in shlex.split(bundle.as_format("env"), posix=True)
                if "=" in line)
     assert env["MOONCAKE_CONFIG_PATH"] == str(tmp_path / "mooncake.json")
+    # the verl format carries the env format's variables, as strings, where Ray reads them
+    assert verl["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"] == env
     pd = render(templates.load("mooncake-pd"), {"role": "consumer"}, parse_version("0.23.0"))
     with pytest.raises(UsageError, match="has no Mooncake store config"):
         pd.as_format("mooncake")
+
+
+@pytest.mark.parametrize("name", sorted(FIRST))
+def test_the_verl_format_has_the_canary_s_flag_and_the_env_as_ray_strings(name: str, tmp_path: Path) -> None:
+    """verl.yaml: the connector and enable_prompt_tokens_details (kvctl's verify canary reads the
+    cached-token counts only that flag makes vLLM report) under engine_kwargs.vllm, and every
+    variable of kvctl.env under ray_kwargs.ray_init.runtime_env.env_vars, each a string."""
+    bundle = render(templates.load(name), ROLE.get(name, {}), parse_version("0.24.0"), base_dir=tmp_path)
+    verl = yaml.safe_load(bundle.as_format("verl"))
+    assert verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"] == {
+        "kv_transfer_config": bundle.kv_transfer_config, "enable_prompt_tokens_details": True}
+    env_vars = verl["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+    assert env_vars == bundle.env and all(isinstance(v, str) for v in env_vars.values())
+    assert {"PYTHONHASHSEED": "0", "VLLM_SERVER_DEV_MODE": "1"}.items() <= env_vars.items()
+    assert set(verl) == {"actor_rollout_ref", "ray_kwargs"}
+    assert not [n for n in bundle.notes if "enable_prompt_tokens_details" in n]
+
+
+def test_the_verl_format_leaves_out_a_serve_flag_the_version_lacks(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """A flag `vllm serve` does not have would stop every server verl starts: left out, and said."""
+    from kvctl.config import render as render_module
+
+    real = render_module.serve_options
+    monkeypatch.setattr(render_module, "serve_options", lambda v: {
+        k: o for k, o in real(v).items() if "prompt-tokens-details" not in k})
+    bundle = render(templates.load("mooncake-store"), {}, parse_version("0.24.0"), base_dir=tmp_path)
+    verl = yaml.safe_load(bundle.as_format("verl"))
+    assert verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"] == {
+        "kv_transfer_config": bundle.kv_transfer_config}
+    (note,) = [n for n in bundle.notes if "enable_prompt_tokens_details" in n]
+    assert "vLLM 0.24.0 does not have --enable-prompt-tokens-details" in note and "canary" in note
+
+
+def test_the_verl_format_of_a_version_the_facts_do_not_cover_names_why(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    from kvctl.config import render as render_module
+
+    monkeypatch.setattr(render_module, "serve_options", lambda v: {})
+    bundle = render(templates.load("mooncake-store"), {}, parse_version("0.24.0"), base_dir=tmp_path)
+    assert "enable_prompt_tokens_details" not in bundle.as_format("verl")
+    assert any("not covered by kvctl's facts" in n for n in bundle.notes)
 
 
 def test_write_bundle_new_and_existing_dir(tmp_path: Path) -> None:

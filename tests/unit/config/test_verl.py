@@ -33,10 +33,13 @@ from kvctl.cli.main import app
 from kvctl.config import templates
 from kvctl.facts.bundle_layout import VERL_PATH
 from kvctl.facts.capabilities import table
+from kvctl.facts.verl import VLLM_PIN as PIN_VLLM
+from kvctl.validate import validate_path
 from tests.lib import REPO
 from tests.lib.verl_doc import DOC, PIN, blocks, commands, hydra_overrides, named_block, require_verl
 
 JUDGE = REPO / "tests" / "lib" / "verl_judge.py"
+VERL_PATH_TEXT = ".".join(VERL_PATH)
 
 
 def _kvctl(*args: str, cwd: Path | None = None) -> str:
@@ -121,20 +124,36 @@ PASTED = {f"{side}-{table().newest_known}-all-set" for side in ("mooncake-store"
 
 
 @pytest.fixture(scope="module")
-def rendered_judged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict, dict]]:
+def rendered_judged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict, dict, dict]]:
     """Every render case, put in the page's layout and judged by verl in one process."""
     require_verl()
-    expected, cases = {}, []
+    expected, envs, cases = {}, {}, []
     for case_id, args in RENDER_CASES:
         verl_yaml = _kvctl(*args, "--format", "verl")
         expected[case_id] = json.loads(_kvctl(*args, "--format", "json"))
-        assert verl_yaml == _block_at(list(VERL_PATH), expected[case_id])  # --format verl = json, nested
+        env = envs[case_id] = _env_of(_kvctl(*args, "--format", "env"))
+        # --format verl = json, nested, beside the canary's flag, and the env format's variables
+        assert yaml.safe_load(verl_yaml) == _rendered_verl(expected[case_id], env), verl_yaml
         conf = _conf_dir(tmp_path_factory.mktemp("conf"), verl_yaml)
         cases.append({"id": case_id, "config_dir": str(conf), "config_name": "trainer", "overrides": []})
         if case_id in PASTED:  # the same block pasted under the user's own actor_rollout_ref
             pasted = _conf_dir(tmp_path_factory.mktemp("pasted"), "{}\n", _paste(verl_yaml))
             cases.append({"id": case_id + "-pasted", "config_dir": str(pasted), "config_name": "trainer"})
-    yield expected, _judge(cases)
+    yield expected, envs, _judge(cases)
+
+
+def _env_of(env_format: str) -> dict[str, str]:
+    """NAME -> value of `kvctl config render --format env` (export lines)."""
+    return dict(word.split("=", 1) for line in env_format.splitlines() for word in shlex.split(line)[1:])
+
+
+def _rendered_verl(ktc: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """What --format verl must be: the connector and enable_prompt_tokens_details where verl hands
+    them to `vllm serve`, and the env where verl's Ray workers get it."""
+    out = yaml.safe_load(_block_at(list(VERL_PATH[:-1]), {"kv_transfer_config": ktc,
+                                                           "enable_prompt_tokens_details": True}))
+    out["ray_kwargs"] = {"ray_init": {"runtime_env": {"env_vars": env}}}
+    return out
 
 
 def _paste(verl_yaml: str) -> str:
@@ -153,12 +172,14 @@ def _paste(verl_yaml: str) -> str:
 
 @pytest.mark.parametrize("case_id", [c for c, _ in RENDER_CASES])
 def test_verl_runs_vllm_with_every_rendered_block(case_id: str, rendered_judged) -> None:
-    expected, answer = rendered_judged
+    expected, expected_env, answer = rendered_judged
     for variant in (case_id, case_id + "-pasted") if case_id in PASTED else (case_id,):
         case = answer["by_id"][variant]
         assert problem(case, expected[case_id]) is None, f"{variant}: {problem(case, expected[case_id])}"
         assert case["rollout_config"] == "verl.workers.config.rollout.RolloutConfig"
-        assert "--enable_prompt_tokens_details" in case["argv"]  # the page's own engine_kwargs survive the merge
+        assert "--enable_prompt_tokens_details" in case["argv"]  # the rendered flag (and the page's) survive
+        # verl composes the rendered env into what it gives ray.init, every value a string
+        assert case["ray_env_vars"] == expected_env[case_id], variant
 
 
 def test_the_judged_templates_are_every_template_kvctl_lists() -> None:
@@ -206,6 +227,13 @@ def test_verl_catches_wrong_nesting_and_the_judge_catches_silent_drops(tmp_path:
         case, why = answer["by_id"][name], problem(answer["by_id"][name], ktc)
         assert why is not None and text in why, f"{name}: {why}"
         assert case.get("stage") == stage, f"{name}: {case}"
+    # kvctl's validate says the same of the two placements verl refuses or drops, at the key's line
+    for name in ("too-high", "no-vllm-level"):
+        path = ".".join(NEGATIVES[name][0])
+        verl_yaml = tmp_path / name / "kvctl" / "verl.yaml"
+        errors = [p for p in validate_path(verl_yaml, PIN_VLLM).errors if p.where.endswith(" " + path)]
+        line = verl_yaml.read_text().splitlines().index("  " * (len(NEGATIVES[name][0]) - 1) + "kv_transfer_config:") + 1
+        assert [p.where for p in errors] == [f"{verl_yaml}:{line} {path}"], name
     why = problem(answer["by_id"]["vllm-not-a-mapping"], ktc)
     assert why is not None and "step engine_kwargs" in why and "'str' object has no attribute 'items'" in why
     # and a block that is right passes the very same check (the positive control)
@@ -257,10 +285,12 @@ def test_the_page_s_launch_commands_run_vllm_with_the_rendered_connector(page_co
 
 
 def test_the_page_s_command_line_override_needs_its_plus(page_conf: Path) -> None:
-    """The page says: on the command line, `+` and Hydra's syntax; without `+`, `Could not override`."""
+    """The page says: on the command line, `+` and Hydra's syntax; without `+`, `Could not override`.
+    Its override is quoted for the shell: pasted, it is one word, the override itself."""
     require_verl()
-    (override,) = re.findall(r"`(\+actor_rollout_ref\.rollout\.engine_kwargs\.vllm\.kv_transfer_config=[^`]+)`",
-                             DOC.read_text())
+    (quoted,) = re.findall(r"`('\+actor_rollout_ref\.rollout\.engine_kwargs\.vllm\.kv_transfer_config=[^`]+')`",
+                           DOC.read_text())
+    (override,) = shlex.split(quoted)
     (page_conf / "kvctl" / "verl.yaml").write_text("{}\n")  # the command line alone
     answer = _judge([{"id": "plus", "config_dir": str(page_conf), "config_name": "trainer", "overrides": [override]},
                      {"id": "bare", "config_dir": str(page_conf), "config_name": "trainer",
@@ -268,6 +298,12 @@ def test_the_page_s_command_line_override_needs_its_plus(page_conf: Path) -> Non
     assert problem(answer["by_id"]["plus"], {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}) is None
     bare = answer["by_id"]["bare"]
     assert bare["stage"] == "compose" and "Could not override" in bare["error"]
+    # kvctl's validate: the same words in a script, an error without the '+' only
+    for name, word, refused in (("plus", quoted, False), ("bare", shlex.quote(override[1:]), True)):
+        script = page_conf / f"{name}.sh"
+        script.write_text(f"python3 -m verl.trainer.main_ppo \\\n    {word}\n")
+        said = [p for p in validate_path(script, PIN_VLLM).errors if "Could not override" in p.message]
+        assert [p.where for p in said] == ([f"{script}:2 {VERL_PATH_TEXT}"] if refused else []), name
 
 
 def test_the_page_quotes_verl_and_cites_lines_that_exist() -> None:
@@ -431,6 +467,20 @@ def test_the_judge_runs_the_pinned_verl_without_torch_and_its_copied_lines_are_v
     missing = [line for line, where in answer["source_check"].items() if where is None]
     assert not missing, f"verl's vllm_async_server.py no longer has these lines tests/lib/verl_judge.py copies: {missing}"
     assert "verl/workers/rollout/vllm_rollout/utils.py" in answer["build_cli_args_from"]
+
+
+def test_kvctl_s_verl_facts_are_the_installed_verl_s() -> None:
+    """kvctl.facts.verl names the release its lines are cited from and the vLLM that release pins
+    (the version docs/verl.md renders for): both read from the installed wheel."""
+    import importlib.metadata
+
+    from kvctl.facts import verl as facts
+
+    require_verl()
+    assert importlib.metadata.version("verl") == facts.VERL_RELEASE == (PIN[1] if PIN else None)
+    pins = [r for r in importlib.metadata.requires("verl") or [] if re.match(r"vllm\s*==", r) and "extra == \"vllm\"" in r]
+    assert [re.search(r"==\s*([\w.]+)", r)[1] for r in pins] == [facts.VLLM_PIN]
+    assert f"--vllm-version {facts.VLLM_PIN}" in DOC.read_text()
 
 
 def test_kvctl_never_imports_verl_or_hydra() -> None:

@@ -4,6 +4,10 @@
     receipt = kvctl.hard_reset(urls=["http://127.0.0.1:8000"], master="127.0.0.1:9003", verify=True,
                                raise_on_failure=True)
 
+Inside a training loop (kvctl.api_loop): evidence before the update and its check after it
+(`take_evidence`, `hard_reset(evidence=...)`, `check_evidence`), and `update_window_async` for loops
+that move the weights themselves.
+
 Each blocking function has an async twin (`hard_reset_async`, `probe_async`) for code that runs
 an event loop; the blocking one refuses to run inside a loop (UsageError) rather than nest it.
 
@@ -19,8 +23,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvctl.api_words import python_errors, receipt_for_python
 from kvctl.errors import KvctlError, UsageError
+from kvctl.reset.evidence import Evidence
 from kvctl.reset.execute import hard_reset_fleet
-from kvctl.reset.plan import ResetOptions
+from kvctl.reset.options import ResetOptions
 from kvctl.reset.receipt import Receipt
 from kvctl.targets import build_fleet
 
@@ -73,12 +78,21 @@ async def hard_reset_async(
     clear_timeout: float = 15.0,
     probe_prompts: list[str] | None = None,
     allow_mixed_weights: bool = False,
+    pause_mode: str = "wait",
+    evidence: Evidence | None = None,
     raise_on_failure: bool = False,
 ) -> Receipt:
     """Reset every cache of every replica (and the Mooncake store, with connector=True).
 
-    Same targets and options as `kvctl reset`; returns the receipt. With raise_on_failure, a
-    receipt that is not fully ok raises ResetFailed (carrying the receipt). With verify, replicas that
+    Same targets and options as `kvctl reset`; returns the receipt. Each replica's window is read
+    first: one paused by its owner (or asleep) is left so and gets no generation request; its store
+    is proven by the master's count and, with `evidence` (take_evidence_async, before the update),
+    its canary is left for check_evidence_async after the resume (`receipt.pending`, exit code 3).
+    `evidence`: verify with the canaries primed before the update instead of fresh ones.
+    pause_mode="keep": kvctl's pause freezes in-flight requests instead of waiting for them (the
+    reset preempts them; they are recomputed after the resume). With raise_on_failure, a receipt
+    where a replica is not reset or not clean raises ResetFailed (carrying the receipt); a check
+    left pending alone does not. With verify, replicas that
     share one cache namespace but serve different weights fail it, unless allow_mixed_weights.
     master=None and master_rpc=None read $KVCTL_MASTER and $KVCTL_MASTER_RPC, as the CLI does, where
     no run or inventory names the master; master is its admin/metrics port, master_rpc its RPC port.
@@ -89,12 +103,13 @@ async def hard_reset_async(
         options = ResetOptions(connector=connector, mm=mm, encoder=encoder, verify=verify, pause=pause,
                                dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
                                pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
-                               probe_prompts=_prompts(probe_prompts), allow_mixed_weights=allow_mixed_weights).check()
+                               probe_prompts=_prompts(probe_prompts), allow_mixed_weights=allow_mixed_weights,
+                               pause_mode=pause_mode).check()
         fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, _address(master, "master"),
                             run=run, state_dir=str(state_dir) if state_dir else None,
                             master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
-        receipt = receipt_for_python(await hard_reset_fleet(fleet, options))
-    if raise_on_failure and not receipt.ok:
+        receipt = receipt_for_python(await hard_reset_fleet(fleet, options, _evidence(evidence, verify)))
+    if raise_on_failure and receipt.failed:
         raise ResetFailed(receipt)
     return receipt
 
@@ -191,6 +206,18 @@ async def update_weights_async(
 def update_weights(from_path: str | Path, version: str | None = None, **kwargs: object) -> WeightsReceipt:
     """Blocking twin of update_weights_async (same arguments). Call it from code without a running loop."""
     return _blocking("update_weights", update_weights_async, from_path, version, **kwargs)
+
+
+def _evidence(evidence: object, verify: bool) -> Evidence | None:
+    if evidence is None:
+        return None
+    if isinstance(evidence, dict):
+        evidence = Evidence.from_dict(evidence)
+    if not isinstance(evidence, Evidence):
+        raise UsageError(f"evidence must be what kvctl.take_evidence() returned, got {type(evidence).__name__}")
+    if not verify:
+        raise UsageError("evidence proves a reset: it needs verify=True", "pass verify=True, or drop evidence=")
+    return evidence
 
 
 def _urls(urls: object) -> list[str] | None:

@@ -44,8 +44,8 @@ PANELS: dict[str, list[tuple[str, list[str]]]] = {
     "reset": [
         _TARGETS,
         ("What to clear", ["--connector", "--no-mm", "--no-encoder", "--whole-master"]),
-        ("Verification", ["--verify", "--probe-prompts", "--allow-mixed-weights"]),
-        ("Safety and timing", ["--dry-run", "--pause", "--pause-timeout", "--clear-timeout", "--timeout",
+        ("Verification", ["--verify", "--evidence", "--probe-prompts", "--allow-mixed-weights"]),
+        ("Safety and timing", ["--dry-run", "--pause", "--pause-mode", "--pause-timeout", "--clear-timeout", "--timeout",
                                "--retries", "--concurrency"]),
         _OUTPUT,
     ],

@@ -31,6 +31,8 @@ def reset(
     no_encoder: Annotated[bool, typer.Option("--no-encoder", help="Skip /reset_encoder_cache.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Prove it: master key count 0 and a canary prompt with no cache hit after the reset.")] = False,
     pause: Annotated[Optional[bool], typer.Option("--pause/--no-pause", help="Pause generation first (in-flight requests finish) and always resume after. Default: on with --connector (vLLM's store reset wants no new puts while it drains).", show_default=False)] = None,
+    pause_mode: Annotated[str, typer.Option("--pause-mode", metavar="wait|keep", help="How kvctl's pause treats in-flight requests: wait for them, or keep them frozen (the reset preempts them; they are recomputed after the resume, none waited for).")] = "wait",
+    evidence: Annotated[Optional[Path], typer.Option("--evidence", metavar="FILE", help="With --verify: check the canaries `kvctl evidence take` primed before the weight update (content proof across it); those left pending on replicas paused by their owner are checked by `kvctl evidence check FILE` after the resume. The file is updated in place.")] = None,
     pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (tried twice); a failed pause resumes every paused replica and resets nothing.")] = 120.0,
     whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
     clear_timeout: Annotated[float, typer.Option("--clear-timeout", metavar="S", help="Seconds a master clear may retry keys it skipped (puts still in flight, replication tasks).")] = 15.0,
@@ -48,8 +50,9 @@ def reset(
 ) -> None:
     """Hard-reset every replica: local prefix cache, external store (--connector), mm and encoder caches.
 
-    Plans from each replica's live version and fails before sending anything when the reset could not be complete; the receipt records each replica's weight version. Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial. More: docs/reset.md.
+    Plans from each replica's live version and fails before sending anything when the reset could not be complete; the receipt records each replica's weight version. A replica paused by its owner (or asleep) is left so and gets no canary: its store is proven by the master's count, its content check waits (--evidence, then kvctl evidence check). Exit 0 all reset (and verified when asked), 1 nothing reset or the plan failed, 2 bad usage, 3 partial (or a check pending). More: docs/reset.md.
     """
+    from kvctl.reset.evidence import Evidence
     from kvctl.reset.execute import hard_reset_fleet
     from kvctl.reset.plan import ResetOptions
     from kvctl.targets import build_fleet
@@ -58,10 +61,13 @@ def reset(
     if probe_prompts is not None and not verify:
         raise UsageError("--probe-prompts checks the reset by content: it needs --verify",
                          "add --verify (or run kvctl probe on its own)")
+    if evidence is not None and not verify:
+        raise UsageError("--evidence proves the reset with canaries primed before the update: it needs --verify",
+                         "add --verify")
     options = ResetOptions(connector=connector, mm=not no_mm, encoder=not no_encoder, verify=verify,
                            pause=pause, dry_run=dry_run, timeout=timeout, retries=retries, concurrency=concurrency,
                            pause_timeout=pause_timeout, whole_master=whole_master, clear_timeout=clear_timeout,
-                           allow_mixed_weights=allow_mixed_weights).check()
+                           allow_mixed_weights=allow_mixed_weights, pause_mode=pause_mode).check()
     if probe_prompts is not None:
         from kvctl.reset.probe import load_prompts
 
@@ -69,8 +75,15 @@ def reset(
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc, ray=ray)
     # SIGINT, SIGTERM and SIGHUP all end in the receipt's "interrupted ..., resumed" (kvctl.interrupt); before
     # there is one (the plan, the canaries) nothing was changed
-    finish_with_receipt(hard_reset_fleet(fleet, options), json_out,
-                        "before anything was paused or reset: nothing was changed", _print)
+    proof = Evidence.load(evidence) if evidence is not None else None
+
+    async def reset_and_record() -> Any:
+        receipt = await hard_reset_fleet(fleet, options, proof)
+        if proof is not None and evidence is not None and not receipt.dry_run:
+            proof.save(evidence)  # the canaries checked now cannot prove a second reset
+        return receipt
+
+    finish_with_receipt(reset_and_record(), json_out, "before anything was paused or reset: nothing was changed", _print)
 
 
 def _print(receipt: Any) -> None:
@@ -192,6 +205,7 @@ def _print_results(receipt: Any) -> None:
                         f"{len(r.probe['results'])} prompt(s)" + (f" ({escape(error)})" if error else "")
                         + ("" if tolerance is None else
                            f" [dim](tolerance {tolerance:g}: {escape(r.probe.get('tolerance_reason') or '')})[/]"))
+    print_windows(receipt)
     for r in receipt.replicas:
         if r.error:
             output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")
@@ -199,6 +213,24 @@ def _print_results(receipt: Any) -> None:
         output.show(f"[red]master[/]: {escape(m.error)}")
     for note in (m.notes if m is not None else []):
         output.show(f"[yellow]master[/]: {escape(note)}")
+
+
+def print_windows(receipt: Any) -> None:
+    """Per replica not simply serving, or not fully proven: its window, what was proven and how,
+    what was not, and what waits for its owner's resume."""
+    from rich.markup import escape
+
+    from kvctl.cli import output
+    from kvctl.reset.window import describe
+
+    for r in receipt.replicas:
+        if r.window in (None, "serving") and not r.unproven and not r.pending:
+            continue
+        lines = [f"{escape(r.name)}: {escape(describe(r.window))}"]
+        lines += [f"  [green]proven[/] {escape(p)}" for p in r.proven]
+        lines += [f"  [yellow]unproven[/] {escape(u)}" for u in r.unproven]
+        lines += [f"  [yellow]pending[/] {escape(r.pending)}"] if r.pending else []
+        output.show("\n".join(lines))
 
 
 def _leader_note(m: Any) -> str:
@@ -253,7 +285,7 @@ def _canary_cell(canary: Any, wide: bool = True) -> str:
         return "[dim]-[/]"
     if canary.ok:
         return "[green]0 hits[/]" + (f" [dim]({canary.signal})[/]" if wide else "")
-    return "[bold red]FAILED[/]"
+    return "[bold red]STALE[/]" if canary.stale else "[bold red]FAILED[/]"
 
 
 def _weights_cell(version: str | None, digest: str | None) -> str:

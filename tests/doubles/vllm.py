@@ -276,6 +276,12 @@ class VllmDouble(WeightsModel, DoubleServer):
         self.local_blocks: set[str] = set()
         self.counters = Counters()
         self.waiting = 0
+        # Requests in flight that hold KV blocks (a long agentic rollout): vLLM's prefix-cache reset
+        # fails while any block is in use, unless reset_running_requests preempts them (counted in
+        # `preempted`: they are recomputed, nothing fails). Set by tests; the double runs none itself.
+        self.running = 0
+        self.preempted = 0
+        self.asleep = False  # /sleep (dev): offloads the weights; a request waits like a paused one
 
     def __repr__(self) -> str:
         where = f" {self.url}" if self.port else ""
@@ -491,6 +497,9 @@ class VllmDouble(WeightsModel, DoubleServer):
                 routes["/update_weight_version"] = {"POST": self._h_update_weight_version}
             if v >= V_WEIGHT_CHECKER_ROUTE:
                 routes["/weight_checker"] = {"POST": self._h_weight_checker}
+            routes["/sleep"] = {"POST": self._h_sleep}
+            routes["/wake_up"] = {"POST": self._h_wake_up}
+            routes["/is_sleeping"] = {"GET": self._h_is_sleeping}
         if v >= V_PAUSE_ROUTES and (dev or v < V_PAUSE_DEV_GATED):
             routes["/pause"] = {"POST": self._h_pause}
             routes["/resume"] = {"POST": self._h_resume}
@@ -602,15 +611,15 @@ class VllmDouble(WeightsModel, DoubleServer):
                 "the completion). Please reduce the length of the messages or completion.",
                 "BadRequestError", None)
 
-        if self.paused:
+        if self.paused or self.asleep:
             self.waiting += 1
             try:
                 deadline = time.monotonic() + self.pause_timeout
-                while self.paused and time.monotonic() < deadline:
+                while (self.paused or self.asleep) and time.monotonic() < deadline:
                     await asyncio.sleep(PAUSE_WAIT_POLL_S)
             finally:
                 self.waiting -= 1
-            if self.paused:
+            if self.paused or self.asleep:
                 return self._error(503, "The engine is paused (double: timed out waiting for "
                                         "/resume).", "ServiceUnavailableError")
 
@@ -645,23 +654,26 @@ class VllmDouble(WeightsModel, DoubleServer):
 
     # -- handlers: dev cache routes ---------------------------------------------------------------
     async def _h_reset_prefix_cache(self, request: web.Request, call: Call) -> web.Response:
-        reset_external = False
+        reset_external = preempt = False
         if self.v >= V_RESET_PARAMS:
-            # reset_running_requests is validated and recorded; the double has no running
-            # requests to preempt. Unknown params (e.g. reset_connector=true) are ignored.
-            self._query_bool(call, "reset_running_requests", False)
+            # Unknown params (e.g. reset_connector=true) are ignored.
+            preempt = self._query_bool(call, "reset_running_requests", False)
             reset_external = self._query_bool(call, "reset_external", False)
         # before 0.13.0 every query parameter is unknown to vLLM, hence ignored.
+        if self.running and preempt:  # Scheduler.reset_prefix_cache preempts them first
+            self.preempted += self.running
+        blocked = self.running > 0 and not preempt  # BlockPool.reset_prefix_cache: blocks in use -> False
         if self.v >= V_RESET_JSON_BODY:
-            if self.faults.says_success_false(request.path):
+            if self.faults.says_success_false(request.path) or blocked:
                 return web.json_response({"success": False})
             self._reset_local()
             if reset_external:
                 self._reset_connector()
             return web.json_response({"success": True})
-        self._reset_local()
-        if reset_external:
-            self._reset_connector()
+        if not blocked:  # before 0.26 the route answers an empty 200 whatever the engine said
+            self._reset_local()
+            if reset_external:
+                self._reset_connector()
         return web.Response(status=200)
 
     async def _h_reset_mm_cache(self, request: web.Request, call: Call) -> web.Response:
@@ -810,6 +822,23 @@ class VllmDouble(WeightsModel, DoubleServer):
 
     async def _h_is_paused(self, request: web.Request, call: Call) -> web.Response:
         return web.json_response({"is_paused": self.paused})
+
+    # -- handlers: sleep (dev; every version the double knows) --------------------------------------
+    async def _h_sleep(self, request: web.Request, call: Call) -> web.Response:
+        level = int(call.query.get("level", "1"))
+        self.asleep = True
+        if level >= 1:  # EngineCore.sleep -> pause_scheduler(clear_cache=level >= 1)
+            self._reset_local()
+            if self.v >= V_PAUSE_CLEAR_RESETS_CONNECTOR:  # _reset_caches(reset_connector=True), 0.23+
+                self._reset_connector()
+        return web.Response(status=200)
+
+    async def _h_wake_up(self, request: web.Request, call: Call) -> web.Response:
+        self.asleep = False
+        return web.Response(status=200)
+
+    async def _h_is_sleeping(self, request: web.Request, call: Call) -> web.Response:
+        return web.json_response({"is_sleeping": self.asleep})
 
     # -- handlers: metrics ------------------------------------------------------------------------
     async def _h_metrics(self, request: web.Request, call: Call) -> web.Response:

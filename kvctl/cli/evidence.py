@@ -14,8 +14,19 @@ from typing import Annotated, Any
 import typer
 
 from kvctl.cli.errors import finish_with_receipt, handle_errors
-from kvctl.cli.options import (InventoryOpt, JsonOpt, MasterOpt, MasterRpcOpt, NoHeadersOpt, OutputOpt, RayOpt, RunOpt,
-                               StateDirOpt, UrlsOpt, output_options)
+from kvctl.cli.options import (
+    InventoryOpt,
+    JsonOpt,
+    MasterOpt,
+    MasterRpcOpt,
+    NoHeadersOpt,
+    OutputOpt,
+    RayOpt,
+    RunOpt,
+    StateDirOpt,
+    UrlsOpt,
+    output_options,
+)
 from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 
 app = typer.Typer(help="Proof across a weight update: canaries primed before it, checked after it.",

@@ -153,7 +153,7 @@ def test_live_writes_during_the_clear_are_no_false_failure_and_the_canary_judges
 
 
 def test_a_local_only_reset_on_a_generating_fleet_is_stale_by_the_canary(doubles: DoubleFleet) -> None:
-    replicas, urls, master = fleet(doubles)
+    _, urls, master = fleet(doubles)
     evidence = kvctl.take_evidence(urls=urls)
     local_only_reset(urls)  # the trainer's reset left the store: the canaries are loaded from it
     receipt = kvctl.check_evidence(evidence, master=master)
@@ -232,7 +232,7 @@ def test_evidence_round_trips_as_json_and_refuses_what_is_not_evidence(tmp_path)
 
 
 def test_metrics_are_flat_floats_with_every_phase(doubles: DoubleFleet) -> None:
-    replicas, urls, master = fleet(doubles)
+    _, urls, master = fleet(doubles)
     metrics = kvctl.hard_reset(urls=urls, master=master, connector=True, verify=True).metrics(prefix="rollout/kvctl/")
     assert all(k.startswith("rollout/kvctl/") and isinstance(v, float) for k, v in metrics.items())
     for key in ("verified", "stale_replicas", "inconclusive_replicas", "pending_replicas", "paused_s", "reset_s",

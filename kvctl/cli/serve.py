@@ -260,7 +260,8 @@ def stop(
 
         targets = [ray_fleet.load(ray, name, state_dir) for name in wanted]
     elif all_runs:
-        targets = [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES]
+        # every run kvctl started: an external one (a verl job's servers) is never kvctl's to stop
+        targets = [r for r in runs.list_runs(state_dir) if r.state in runs.LIVE_STATES and not r.external]
     else:  # every name resolved first: a typo in the second stops nothing
         targets = [runs.resolve(name, state_dir) for name in wanted or [None]]
     report = {r.name: stop_and_settle(r, grace) for r in targets}  # returns once a foreground serve has exited too

@@ -24,6 +24,7 @@ SETTLE_TIMEOUT = 15.0  # for a foreground kvctl serve to notice its processes ar
 
 def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = None) -> list[tuple[str, str]]:
     """Stop every process the run started (replicas, then the master). Safe to call twice; logs stay."""
+    refuse_external(record)
     emit = on_event or (lambda *a, **k: None)
     results = []
     if record.ray is not None:  # each actor stops its process, then the actors are killed
@@ -42,9 +43,20 @@ def stop_run(record: RunRecord, grace: float = 10.0, on_event: Event | None = No
     return results
 
 
+def refuse_external(record: RunRecord) -> None:
+    """kvctl stops only what it started: an external run (verl's servers, recorded by
+    kvctl.integrations.verl) is never signalled, whatever asked (stop, rm --force, serve --replace)."""
+    if record.external:
+        raise UsageError(f"run '{record.name}' was started by {record.owner}, not by kvctl: kvctl stops only what "
+                         "it started, and signals none of its processes",
+                         f"stop the {record.owner} job itself; kvctl rm {record.name} removes the record once the "
+                         "job has ended")
+
+
 def liveness(record: RunRecord) -> Callable[[procs.ProcessRef], bool]:
-    """How to tell whether a process of the run lives: pid and start time here; a Ray run's actors answer."""
-    if record.ray is None:
+    """How to tell whether a process of the run lives: pid and start time here; a Ray run's actors answer
+    (an external run has no process of kvctl's: only its writer, checked here by runs.live_processes)."""
+    if record.ray is None or record.external:
         return procs.is_ours
     from kvctl.serve import ray_fleet
 
@@ -153,6 +165,11 @@ def remove_runs(names: list[str], state_dir: str | Path | None = None, *, force:
         raise UsageError(f"no run named {', '.join(unknown)} in {base}", f"known runs: {known} (kvctl runs)")
     found = {name: _summary_or_none(f) for name, f in folders.items()}
     refused = [n for n, s in found.items() if s is None or s.live]
+    external = [n for n in refused if found[n] is not None and found[n].owner is not None]  # type: ignore[union-attr]
+    if external:  # even with force: kvctl never stops them, and its writer would write the record again
+        raise UsageError("; ".join(f"run '{n}' is recorded by a live {found[n].owner} job "  # type: ignore[union-attr]
+                                   "(kvctl did not start it and stops none of its processes)" for n in external),
+                         f"stop that job itself, then kvctl rm {' '.join(external)}")
     if refused and not force:
         stoppable = [n for n in refused if found[n] is not None]
         stops = f"kvctl stop {' '.join(stoppable)}" if stoppable else ""

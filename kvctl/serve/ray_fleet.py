@@ -224,8 +224,9 @@ def members(record: RunRecord) -> list[tuple[str, ProcessRef | None, dict[str, s
 
 def liveness(record: RunRecord) -> Callable[[ProcessRef], bool]:
     """How to tell whether one of the run's processes lives: pid and start time on this machine for a
-    local run; for a Ray run, its actor's answer (it checks the same on its node). Asks all at once."""
-    if record.ray is None:
+    local run; for a Ray run, its actor's answer (it checks the same on its node). Asks all at once. An
+    external run has no actor of kvctl's: only its writer's pid, on its host (runs.live_processes)."""
+    if record.ray is None or record.external:
         return procs.is_ours
     connect(record.ray["address"])
     import ray
@@ -272,6 +273,9 @@ def stop_processes(record: RunRecord, grace: float = 10.0,
     Raises RayFleetError if an actor of the run is still known to Ray after that."""
     emit = on_event or (lambda *a, **k: None)
     assert record.ray is not None
+    if record.external:  # kvctl stops only what it started (kvctl.serve.lifecycle.refuse_external)
+        raise UsageError(f"run '{record.name}' was started by {record.owner}, not by kvctl: kvctl signals none "
+                         "of its processes", f"stop the {record.owner} job itself")
     connect(record.ray["address"])
     import ray
 
@@ -385,9 +389,13 @@ def remove(address: str, names: list[str], state_dir: str | Path | None = None, 
         known = ", ".join(r.name for r in kv_list()) or "none"
         raise UsageError(f"no run named {', '.join(unknown)} in the Ray cluster at {address}",
                          f"runs there: {known} (kvctl runs --ray {address})")
-    live = {n: runs.describe(runs.live_processes(r, liveness(r))) or ", ".join(run_actors(n))
+    live = {n: runs.describe(runs.live_processes(r, liveness(r))) or ("" if r.external else ", ".join(run_actors(n)))
             for n, r in records.items() if r is not None}
     busy = [n for n, what in live.items() if what]
+    external = [n for n in busy if records[n].external]  # type: ignore[union-attr]
+    if external:  # never stopped by kvctl, force or not
+        raise UsageError("; ".join(f"run '{n}' is recorded by a live {records[n].owner} job: {live[n]}"  # type: ignore[union-attr]
+                                   for n in external), "stop that job itself, then remove its record")
     if busy and not force:
         raise UsageError("; ".join(f"run '{n}' is still running: {live[n]}" for n in busy),
                          f"kvctl stop --ray {address} {' '.join(busy)}"

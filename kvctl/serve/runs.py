@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -86,13 +87,25 @@ class RunRecord:
     supervisor: ProcessRef | None = None
     # A run on a Ray cluster: {"address": its GCS address, "namespace": "kvctl"}; None for a local run.
     ray: dict[str, str] | None = None
+    # Who started its processes: None, kvctl; else the framework that did and recorded its servers so
+    # kvctl finds them ("verl": kvctl.integrations.verl). kvctl never signals such a run's processes:
+    # stop refuses it, rm only removes its record once it has ended (kvctl.serve.lifecycle).
+    owner: str | None = None
+
+    @property
+    def external(self) -> bool:
+        """Recorded by a framework that started the servers itself (`owner`), not started by kvctl."""
+        return self.owner is not None
 
     @property
     def path(self) -> Path:
         return Path(self.dir)
 
     def processes(self) -> list[ProcessRef]:
-        """Everything this run started, in stop order: replicas first, then the master."""
+        """Everything this run started, in stop order: replicas first, then the master. None for an
+        external run (`owner`): kvctl started nothing of it, so it has nothing to signal."""
+        if self.external:
+            return []
         refs = [r.process for r in self.replicas if r.process is not None]
         if self.master is not None and self.master.embedded and self.master.process is not None:
             refs.append(self.master.process)
@@ -215,9 +228,15 @@ def live_processes(record: RunRecord, alive: Callable[[ProcessRef], bool] = is_o
     Ray run's are asked of its actors) and its supervisor, a kvctl process on this machine. Non-empty
     means live: its folder is neither reused nor removed."""
     live = [ref for ref in record.processes() if alive(ref)]
-    if record.supervisor is not None and is_ours(record.supervisor):
+    if record.supervisor is not None and _supervisor_here(record) and is_ours(record.supervisor):
         live.append(record.supervisor)
     return live
+
+
+def _supervisor_here(record: RunRecord) -> bool:
+    """Whether the supervisor's pid means anything here: always for kvctl's runs (as before); an
+    external run's writer (a verl trainer) only on its own host (a shared state dir is read elsewhere)."""
+    return not record.external or record.host == socket.gethostname()
 
 
 def describe(refs: list[ProcessRef]) -> str:
@@ -244,6 +263,7 @@ class RunSummary:
     error: str | None = None
     ray: str | None = None  # a Ray run: the cluster's address
     checked: bool = True  # False: a Ray run listed without asking its cluster (state as recorded)
+    owner: str | None = None  # an external run: who started it (RunRecord.owner)
 
     @property
     def replicas_live(self) -> int:
@@ -278,6 +298,8 @@ def summarize(record: RunRecord, folder: Path | None, now: float | None = None,
     is given (kvctl.serve.ray_fleet.liveness asks the cluster); else its recorded state stands and `checked`
     is False."""
     checked = record.ray is None or alive is not None
+    if record.external:  # only its writer's process tells, and only on its host
+        checked, alive = _supervisor_here(record), None
     live = live_processes(record, alive or is_ours) if checked else []
     state = record.state
     if state in LIVE_STATES and not live and checked:
@@ -296,7 +318,7 @@ def summarize(record: RunRecord, folder: Path | None, now: float | None = None,
                   for r in record.replicas],
         live=[{"name": ref.name, "pid": ref.pid} for ref in live],
         previous=[str(p) for p in previous_runs(folder)] if folder else [], error=record.error,
-        ray=record.ray["address"] if record.ray else None, checked=checked,
+        ray=record.ray["address"] if record.ray else None, checked=checked, owner=record.owner,
     )
 
 

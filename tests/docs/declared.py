@@ -53,13 +53,12 @@ NOT_RUN: dict[tuple[str, str, str], str] = {
      "days ago); README.md's and this page's first block run `kvctl runs`",
     ("docs/verl.md", "mooncake_master --rpc_address=10.0.0.1 --rpc_port=50051 --metrics_host=10.0.0.1 "
      "--metrics_port=9003 --logtostderr &", ""): VERL,
-    ("docs/verl.md", "python3 -m verl.trainer.main_ppo --config-path \"$PWD/conf\" --config-name trainer \\", ""): VERL,
     ("docs/verl.md", "await self.engine.reset_prefix_cache(reset_connector=True)", ""):
         "verl's own code, quoted (it runs inside verl's vLLM server)",
-    ("docs/verl.md", "# kvctl_reset_hook.py", ""): "run by tests/unit/config/test_verl_recipe.py against "
-     "vLLM doubles and a real mooncake_master",
-    ("docs/verl.md", "# kvctl_verl.py", ""): "imports verl's trainer (torch, Ray); tests/unit/config/test_verl.py "
-     "checks every verl name it uses against verl 0.9.1's source",
+    ("docs/verl.md", "# my_ppo.py", ""): VERL + "; tests/unit/config/test_verl_recipe.py runs it with verl's "
+     "entry point stood in",
+    ("docs/verl.md", "kvctl runs", ""): "needs a live verl job's record; tests/unit/integrations/test_verl_servers.py "
+     "writes one and runs kvctl status, runs, stop and rm on it",
     ("docs/verl.md", "# conf/trainer.yaml", ""): "verl's Hydra config; tests/unit/config/test_verl.py composes it "
      "with verl's own config code",
     ("docs/python-api.md", "# verl, after loading new weights into the rollout engines (vLLM >= 0.13)", ""):

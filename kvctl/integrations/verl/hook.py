@@ -292,9 +292,9 @@ def _api(name: str) -> Any:
 
     if hasattr(api, name):
         return getattr(api, name)
-    from kvctl import api_loop
+    import kvctl.api_loop as loop
 
-    return getattr(api_loop, name)
+    return getattr(loop, name)
 
 
 def _clean(receipt: Any) -> bool:

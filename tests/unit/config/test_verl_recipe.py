@@ -99,19 +99,18 @@ VERL_FACTS = [
     ("workers/config/rollout.py", r"checkpoint_manager_class: Optional\[str\] = None"),
     ("trainer/ppo/ray_trainer.py", r'load_class_from_fqn\(checkpoint_manager_class_fqn, "CheckpointEngineManager"\)'),
     ("experimental/separation/ray_trainer.py", r'load_class_from_fqn\(checkpoint_manager_class_fqn, "Checkpoint'),
-    ("experimental/separation/ray_trainer.py", r"sync_metrics = self\.checkpoint_manager\.update_weights\(self\.global"
-                                               r"_steps\)(\n.*){1,4}\n\s+if sync_metrics:\n\s+self\.metrics\.update"),
+    ("experimental/separation/ray_trainer.py", (r"sync_metrics = self\.checkpoint_manager\.update_weights\(self\."
+                                                r"global_steps\)(\n.*){1,4}\n\s+if sync_metrics:\n\s+self\.metrics\.update")),
     ("trainer/main_ppo_v0.py", r"trainer = RayPPOTrainer\("),
     ("trainer/ppo/ray_trainer.py", r"    def init_workers\(self\):"),
     ("trainer/ppo/ray_trainer.py", r"actor_output = self\._update_actor\(batch\)"),
-    ("trainer/ppo/ray_trainer.py", r"self\.checkpoint_manager\.update_weights\(self\.global_steps\)\n\n\s+actor_output_"
-                                   r"metrics = reduce_metrics\(actor_output\.meta_info\[\"metrics\"\]\)"),
+    ("trainer/ppo/ray_trainer.py", (r"self\.checkpoint_manager\.update_weights\(self\.global_steps\)\n\n\s+actor_"
+                                    r"output_metrics = reduce_metrics\(actor_output\.meta_info\[\"metrics\"\]\)")),
     # fully_async
     ("experimental/fully_async_policy/fully_async_main.py", r"trainer = FullyAsyncTrainer\.remote\("),
     ("experimental/fully_async_policy/fully_async_trainer.py", r"async def _setup_checkpoint_manager\(self\):"),
     ("experimental/fully_async_policy/fully_async_trainer.py", r"async def _setup_hybrid_checkpoint_manager\(self\):"),
-    ("experimental/fully_async_policy/fully_async_trainer.py", r"rollout_reset_timing_raw = await self\._fit_update_"
-                                                                r"weights\(\)"),
+    ("experimental/fully_async_policy/fully_async_trainer.py", r"rollout_reset_timing_raw = await self\._fit_update_weights"),
     ("experimental/fully_async_policy/fully_async_trainer.py", r'self\.metrics = \{"training/global_step"'),
 ]
 

@@ -19,6 +19,8 @@ def receipt_metrics(receipt: Any, prefix: str = "kvctl/") -> dict[str, float]:
     master = receipt.master
     values: dict[str, float] = {
         "ok": float(receipt.ok),
+        # nothing failed and nothing stale: a step whose content check is only pending counts as clean so far
+        "clean": float(not receipt.not_reset),
         "verified": float(receipt.ok and receipt.verify),
         "exit_code": float(receipt.exit_code),
         "replicas": float(len(replicas)),

@@ -213,6 +213,8 @@ def _evidence(evidence: object, verify: bool) -> Evidence | None:
         return None
     if isinstance(evidence, dict):
         evidence = Evidence.from_dict(evidence)
+    elif isinstance(evidence, (str, Path)):  # the file kvctl evidence take wrote (read here, not written back)
+        evidence = Evidence.load(evidence)
     if not isinstance(evidence, Evidence):
         raise UsageError(f"evidence must be what kvctl.take_evidence() returned, got {type(evidence).__name__}")
     if not verify:

@@ -30,7 +30,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     # kvctl reset (and the reset inside kvctl weights update)
     "--connector": ("connector", "true"), "--no-mm": ("mm", "false"), "--no-encoder": ("encoder", "false"),
     "--verify": ("verify", "true"), "--pause": ("pause", "true"), "--no-pause": ("pause", "false"),
-    "--pause-timeout": ("pause_timeout", "num"), "--whole-master": ("whole_master", "true"),
+    "--pause-timeout": ("pause_timeout", "num"), "--pause-mode": ("pause_mode", "str"),
+    "--evidence": ("evidence", "str"), "--whole-master": ("whole_master", "true"),
     "--clear-timeout": ("clear_timeout", "num"), "--probe-prompts": ("probe_prompts", "prompts"),
     "--allow-mixed-weights": ("allow_mixed_weights", "true"), "--dry-run": ("dry_run", "true"),
     "--timeout": ("timeout", "num"), "--retries": ("retries", "num"), "--concurrency": ("concurrency", "num"),

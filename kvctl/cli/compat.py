@@ -138,6 +138,9 @@ def _print(report: Any, require: Requirement | None, with_master: bool, met: boo
         output.show(f"  fix: {escape(fix)}")
     for caveat in report.caveats:
         output.show(f"  [dim]note: {escape(caveat)}[/]")
+    if report.shared_master:
+        output.show(f"[yellow]shared master:[/] {escape(report.shared_master['message'])}")
+        output.show(f"  isolation: {escape(report.shared_master['isolation'])}")
     if require is not None:
         how = " (with a master clear)" if with_master and report.verdict == "hard-reset-with-master-clear" else ""
         output.show(f"--require {require.value}: " + ("[green]met[/]" + how if met else "[red]not met[/]"))

@@ -43,6 +43,9 @@ class CompatReport:
     reasons: list[str] = field(default_factory=list)  # why the verdict is not "hard-reset"
     fixes: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)  # true, but not blocking the verdict
+    # this release's own calls that wipe every deployment on a shared master (kvctl.facts.shared_master):
+    # {connector, since, source, calls, message, isolation}; None when none does
+    shared_master: dict[str, Any] | None = None
 
     def meets_hard_reset(self, with_master: bool = False) -> bool:
         """Can kvctl guarantee a hard reset? with_master: kvctl reset will be given --master."""
@@ -108,7 +111,20 @@ def assess(version: Version, kv_transfer_config: dict[str, Any] | None,
         _pause(t, version),
     ]
     _conclude(t, version, report)
+    report.shared_master = _shared_master(version, leaves)
     return report
+
+
+def _shared_master(version: Version, leaves: list[str]) -> dict[str, Any] | None:
+    """The calls of this release that wipe a whole shared master, and what isolates (not a verdict:
+    a deployment alone on its master loses nothing of anyone else's)."""
+    from kvctl.facts.shared_master import isolation, master_wipe
+
+    wipe = master_wipe(version, leaves)
+    if wipe is None:
+        return None
+    return {"connector": wipe.connector, "since": wipe.since, "source": wipe.source, "calls": list(wipe.calls),
+            "message": wipe.message(), "isolation": isolation(version)}
 
 
 def _prefix_cache(t: CapabilityTable, v: Version) -> Operation:

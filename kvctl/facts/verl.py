@@ -19,6 +19,11 @@ ROLLOUT = "actor_rollout_ref.rollout"
 ENGINE_KWARGS = f"{ROLLOUT}.engine_kwargs"
 VLLM_KWARGS = f"{ENGINE_KWARGS}.vllm"
 FULL_DETERMINISM = f"{ROLLOUT}.full_determinism"  # trainer/config/rollout/rollout.yaml:27
+# A hybrid rollout (the trainer's workers run the engines: replica.py:131-137) sleeps them every step
+# when it frees the cache engine: both default true (trainer/config/ppo_trainer.yaml:60,
+# trainer/config/rollout/rollout.yaml:61); only the v1 separate_async trainer runs with hybrid_engine false.
+HYBRID_ENGINE = "actor_rollout_ref.hybrid_engine"
+FREE_CACHE_ENGINE = f"{ROLLOUT}.free_cache_engine"
 # Ray's runtime environment, merged over verl's defaults and passed to ray.init (main_ppo.py:62-73):
 # the form in which every Ray worker, the vLLM servers included, gets environment variables.
 # Ray takes only strings as their values.

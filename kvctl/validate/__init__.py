@@ -81,7 +81,7 @@ def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Probl
         return validate_kv_transfer_config(artifact.data, v, artifact.where, artifact.lines,
                                            env=artifact.env, partial=artifact.partial)
     if artifact.kind == "verl":
-        return check_verl(artifact, names)
+        return check_verl(artifact, names, v)
     if artifact.kind == "mooncake":
         return validate_mooncake_config(artifact.data, v, artifact.where, artifact.lines,
                                         readers=names)

@@ -353,6 +353,10 @@ def _check_extra_config(cfg: Mapping[str, Any], v: Version, where: str, out: Col
         problem = cache_prefix_problem(extra["cache_prefix"])
         if problem is not None:
             out.error(join(path, "cache_prefix"), f"cache_prefix {problem[0]}", problem[1])
+        elif extra["cache_prefix"]:  # a prefix says the master is shared: does this vLLM wipe it anyway?
+            from kvctl.validate.shared_master import check_prefix_isolation
+
+            check_prefix_isolation(cfg, v, join(path, "cache_prefix"), out)
     # Children's own extra configs are searched when each child is checked.
     searched = {k: val for k, val in extra.items() if not (multi and k == "connectors")}
     for key_path, value in find_key(searched, "mooncake_config_path", path):

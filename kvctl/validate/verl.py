@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from packaging.version import Version
+
 from kvctl.facts.verl import ENGINE_KWARGS, FULL_DETERMINISM, ROLLOUT, VLLM_KWARGS, runtime_env_override
 from kvctl.validate.env import STORE_CONNECTOR
 from kvctl.validate.model import (
@@ -29,12 +31,17 @@ _ONE_SIDED = {"kv_producer": "kv_consumer", "kv_consumer": "kv_producer"}
 _TRUE = ("true", "yes", "on", "1")
 
 
-def check_verl(artifact: Artifact, connectors: Iterable[str]) -> list[Problem]:
-    """Problems verl 0.9.1 has with this config. `connectors`: every connector the input names."""
+def check_verl(artifact: Artifact, connectors: Iterable[str], v: Version | None = None) -> list[Problem]:
+    """Problems verl 0.9.1 has with this config. `connectors`: every connector the input names;
+    `v`: the vLLM release its servers run (the shared-master hazard depends on it)."""
+    from kvctl.validate.shared_master import check_verl_shared_master
+
     config: VerlConfig = artifact.data
     out = Collector(artifact.lines)
     _check_placement(config.tree, out)
     _check_full_determinism(config.tree, set(connectors), out)
+    if v is not None:
+        check_verl_shared_master(config.tree, set(connectors), v, ROLLOUT, out)
     for override in config.overrides:
         _check_plus(override, config.own_config, out)
     return out.problems

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from kvctl.facts.verl import CONFIG_OPTIONS, ROLLOUT
+from kvctl.facts.verl import CONFIG_OPTIONS, HYBRID_ENGINE, ROLLOUT
 from kvctl.validate.model import Artifact, HydraOverride, SourceLines, VerlConfig, value_at
 from kvctl.validate.readers.flag_value import scalar
 
@@ -48,7 +48,7 @@ def verl_in_words(words: Iterable[tuple[str, int]], file: str) -> Artifact | Non
 def _overrides(words: list[tuple[str, int]]) -> Iterable[HydraOverride]:
     for text, line in words:
         match = _OVERRIDE.match(text)
-        if match and (match["key"] + ".").startswith(ROLLOUT + "."):
+        if match and ((match["key"] + ".").startswith(ROLLOUT + ".") or match["key"] == HYBRID_ENGINE):
             yield HydraOverride(match["prefix"] or "", match["key"], scalar(match["value"]), line)
 
 

@@ -81,3 +81,36 @@ def test_matrix_matches_table() -> None:
     assert md.splitlines()[0].startswith("| capability | 0.9.0 |")
     assert len(md.splitlines()) == 2 * len(data["rows"]) + 7
     assert "| MooncakeStoreConnector reset clears its store | 0.23.0 |" in md
+
+
+# -- the shared-master hazard: the release's own calls that wipe every deployment -------------------
+@pytest.mark.parametrize(("layout", "version", "calls"), [
+    (STORE, "0.22.0", None),  # its reset clears nothing, so neither does a sleep or pause
+    (STORE, "0.23.0", ["sleep", "pause with the default clear_cache=true", "connector reset"]),
+    (MULTI_STORE, "0.32.0+cpu", ["sleep", "pause with the default clear_cache=true", "connector reset"]),
+    (LMCACHE, "0.33.0", None),  # its reset clears nothing of the master
+    (P2P, "0.33.0", None),
+    (None, "0.33.0", None),
+])
+def test_shared_master_hazard(layout: dict | None, version: str, calls: list[str] | None) -> None:
+    report = assess(parse_version(version), layout)
+    if calls is None:
+        assert report.shared_master is None
+        return
+    hazard = report.shared_master
+    assert hazard is not None and hazard["since"] == "0.23.0" and hazard["connector"] == "MooncakeStoreConnector"
+    assert [c.split(" (")[0] for c in hazard["calls"]] == calls
+    assert "wipes EVERY deployment's keys" in hazard["message"] and "connector.py:203" in hazard["message"]
+    assert hazard["isolation"].startswith("give each deployment its own Mooncake master")
+    assert report.verdict == "hard-reset"  # a fact about sharing, not about the reset: the verdict stands
+
+
+def test_compat_check_says_the_hazard(cli) -> None:
+    out = cli("compat", "check", "--vllm-version", "0.24.0").stdout
+    assert "shared master: vLLM 0.24.0 wipes EVERY deployment's keys" in out
+    assert "isolation: give each deployment its own Mooncake master" in out and "only isolation" in out
+    assert "shared master" not in cli("compat", "check", "--vllm-version", "0.22.0").stdout
+    import json
+
+    data = json.loads(cli("compat", "check", "--vllm-version", "0.32.0", "--json").stdout)
+    assert data["shared_master"]["since"] == "0.23.0" and "--enable_multi_tenants=true" in data["shared_master"]["isolation"]

@@ -66,10 +66,30 @@ def test_multiconnector_template_layout_is_clean() -> None:
                {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"},
                {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"cache_prefix": "team-a"}}]}}
-    assert validate_kv_transfer_config(cfg, "0.24.0") == []
+    # a cache_prefix means a shared master, which 0.23+'s own sleep/pause/connector reset wipe (a warning)
+    [shared] = validate_kv_transfer_config(cfg, "0.24.0")
+    assert shared.severity == WARNING and shared.where.endswith("connectors[1].kv_connector_extra_config.cache_prefix")
+    assert "does not isolate this deployment on a shared master" in shared.message
     # 0.21-0.23 do not read cache_prefix: the scope is silently lost
-    [dropped] = validate_kv_transfer_config(cfg, "0.23.0")
+    [dropped] = [p for p in validate_kv_transfer_config(cfg, "0.23.0") if p.severity == ERROR]
     assert dropped.dropped and "cache_prefix" in dropped.where and "from vLLM 0.24.0" in dropped.message
+
+
+@pytest.mark.parametrize("version", ["0.24.0", "0.28.0", "0.33.0"])
+def test_a_cache_prefix_does_not_isolate_from_vllm_s_own_wipes(version: str) -> None:
+    """A cache_prefix means a shared master; from 0.23 the deployment's own sleep, default pause and
+    connector reset remove every deployment's keys there: a warning naming them, and what isolates."""
+    cfg = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"cache_prefix": "team-a"}}
+    [problem] = validate_kv_transfer_config(cfg, version)
+    assert problem.severity == WARNING and problem.where == "kv_transfer_config.kv_connector_extra_config.cache_prefix"
+    for words in ("sleep (POST /sleep", "pause with the default clear_cache=true", "reset_connector=True",
+                  "from vLLM 0.23.0", "a cache_prefix scopes only kvctl's own clears"):
+        assert words in problem.message, words
+    assert problem.fix.startswith("give each deployment its own Mooncake master")
+    assert ("--enable_multi_tenants=true" in problem.fix) == (version != "0.24.0")  # tenant_id: 0.28+
+    # no prefix, no sign of a shared master: nothing to say; before 0.23 vLLM's resets never reach it
+    assert validate_kv_transfer_config({**cfg, "kv_connector_extra_config": {}}, version) == []
 
 
 def test_old_fields_are_fine_before_their_removal() -> None:
@@ -580,7 +600,9 @@ def test_verl_config_at_nested_path(tmp_path: Path) -> None:
     problem = only(report.problems,
                    f"{f}:12 {VERL_PATH}.kv_connector_extra_config.mooncake_config_path")
     assert problem.dropped and problem.severity == ERROR and "MOONCAKE_CONFIG_PATH" in problem.message
-    assert len(report.problems) == 1
+    # the other: verl's sleep and connector reset wipe a shared master on 0.23+ (tests/unit/validate/test_verl_checks.py)
+    [shared] = [p for p in report.problems if p is not problem]
+    assert shared.severity == WARNING and "master-wide remove_all" in shared.message
 
 
 def test_verl_config_as_json_string(tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ def run_checks(vllm_python: str | None = None, *, state_dir: str | Path | None =
     if install is not None:
         checks.append(_guard("vllm reset", lambda: check_reset_capabilities(install)))
         checks.append(_guard("vllm script", lambda: check_vllm_script(install)))
+        checks.append(_guard("shared master", lambda: check_shared_master(install, state_dir, env)))
     checks.append(_guard("accelerator", lambda: check_accelerator(install, env)))
     mooncake_python = install.python if install is not None else _default_vllm_python(vllm_python, env)
     checks.append(_guard("mooncake package", lambda: check_mooncake_package(mooncake_python, install)))
@@ -160,6 +161,36 @@ def check_reset_capabilities(install: VllmInstall) -> Check:
     if report.verdict == "hard-reset-with-master-clear":
         return Check("vllm reset", "warn", detail, fixes or "give kvctl reset --connector --master HOST:PORT")
     return Check("vllm reset", "fail", detail, fixes or "upgrade vLLM (see: kvctl compat check)")
+
+
+def check_shared_master(install: VllmInstall, state_dir: str | Path | None, env: Mapping[str, str]) -> Check:
+    """From vLLM 0.23 the store connector's own sleep, default pause and connector reset wipe the whole
+    Mooncake master (kvctl.facts.shared_master): a warning where this machine shows a master shared
+    (live runs recording one master, or $KVCTL_MASTER naming one no run here owns)."""
+    from kvctl.facts.shared_master import STORE_CONNECTOR, isolation, master_wipe
+    from kvctl.serve.master_flags import recorded_masters
+    from kvctl.targets import MASTER_ENV
+
+    wipe = master_wipe(install.version, [STORE_CONNECTOR])
+    if wipe is None:
+        return Check("shared master", "ok", f"{install.distribution} {install.version}: no sleep, pause or connector "
+                     "reset of vLLM reaches a Mooncake master (kvctl clears it itself, scoped to a cache_prefix)")
+    said = wipe.message(f"{install.distribution} {install.version}")
+    runs = recorded_masters(state_dir)
+    by_master: dict[str, list[str]] = {}
+    for r in runs:
+        by_master.setdefault(r.master.admin_address or "", []).append(r.name)  # type: ignore[union-attr]
+    shared = {m: names for m, names in by_master.items() if len(names) > 1}
+    named = (env.get(MASTER_ENV) or "").strip()
+    if shared:
+        seen = "; ".join(f"runs {', '.join(names)} share master {m}" for m, names in sorted(shared.items()))
+        return Check("shared master", "warn", f"{said}. Here: {seen}", isolation(install.version))
+    if named and named not in by_master:
+        return Check("shared master", "warn", f"{said}. Here: {MASTER_ENV}={named} names a master no run on this "
+                     "machine started: if other deployments use it, each of these calls wipes them",
+                     isolation(install.version))
+    return Check("shared master", "ok", f"{said}. No master here is seen shared (kvctl serve starts one per run); "
+                 f"if yours is: {isolation(install.version)}")
 
 
 def check_vllm_script(install: VllmInstall) -> Check:

@@ -96,6 +96,10 @@ class FleetStatus:
     elapsed_s: float = 0.0
     masters: list[MasterStatus] = field(default_factory=list)  # every master of the fleet, in order
     weights_mixed: list[str] = field(default_factory=list)  # each problem that vllm_weights.mixed_weights found
+    # The replicas' own sleep / default pause / connector reset wipe every deployment on the master this fleet
+    # shares (kvctl.facts.shared_master): what to say and what isolates; None when it does not apply. A fact
+    # about the deployment, not a failure: ok and the exit code ignore it.
+    shared_master: dict[str, str] | None = None
 
     @property
     def healthy(self) -> int:
@@ -133,6 +137,7 @@ class FleetStatus:
             "master": None if self.master is None else asdict(self.master),
             "masters": [asdict(m) for m in self.masters],
             "weights_mixed": list(self.weights_mixed),
+            "shared_master": self.shared_master,
         }
 
 
@@ -142,7 +147,8 @@ STATUS_CONCURRENCY = 256  # replicas asked at once (as kvctl reset's default)
 
 async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str | None, timeout: float = DEFAULT_TIMEOUT,
                        *, run: RunRecord | None = None, http: HttpPool | None = None,
-                       cache_prefix: str | None = None, checksums: bool = False) -> FleetStatus:
+                       cache_prefix: str | None = None, checksums: bool = False,
+                       state_dir: str | None = None) -> FleetStatus:
     """Ask every replica (and every master: one, or an HA group) at once; failures land in each
     row's `error`. In an HA group only the leader serves (a standby's /health says not ready), so
     the fleet's `master` is the first master that serves, else the first. `checksums`: also ask each
@@ -170,6 +176,8 @@ async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str |
         alive = liveness(run)  # pid and start time here; a Ray run's actors answer for theirs
         status.run = run_status(run, alive)
         _flag_strangers(status, run, alive)
+    if status.master is not None:
+        status.shared_master = shared_master(status.replicas, status.master.address, cache_prefix, run, state_dir)
     status.elapsed_s = time.perf_counter() - start
     return status
 
@@ -182,6 +190,39 @@ def _mixed(rows: list[ReplicaStatus], cache_prefix: str | None, has_master: bool
     space = namespace_of(None, None, cache_prefix, has_master)
     return [m.problem for m in mixed_weights(WeightRow(r.name, space, r.weight_version, r.weight_digest,
                                                        r.weight_disagreeing) for r in rows)]
+
+
+def shared_master(rows: list[ReplicaStatus], master: str, cache_prefix: str | None, run: RunRecord | None,
+                  state_dir: str | None = None) -> dict[str, str] | None:
+    """Do these replicas' own calls wipe other deployments on `master`? Status reads no /server_info, so a
+    fleet with a master is taken to run MooncakeStoreConnector (as _mixed takes it). It applies where the
+    master is shared or meant to be: another live run here records it, or the fleet scopes its keys
+    (a cache_prefix) on a master that is not its own run's embedded one."""
+    from kvctl.facts.shared_master import STORE_CONNECTOR, isolation, master_wipe
+
+    wiping = [(r, w) for r in rows if r.version and (w := master_wipe(r.version, [STORE_CONNECTOR]))]
+    if not wiping:
+        return None
+    others = _other_runs_on(master, run, state_dir)
+    own_embedded = run is not None and run.master is not None and run.master.embedded
+    if not others and not (cache_prefix and not own_embedded):
+        return None
+    names = ", ".join(r.name for r, _ in wiping)
+    why = (f"live run(s) {', '.join(others)} use this master too" if others else
+           f"the fleet scopes its keys by cache_prefix '{cache_prefix}' on a master it does not own")
+    wipe = wiping[0][1]
+    return {"replicas": names, "calls": wipe.call_names, "since": wipe.since, "why": why,
+            "message": f"{wipe.message(f'{names} (vLLM {wipe.version}, taken as {STORE_CONNECTOR})')}; {why}",
+            "isolation": isolation(wipe.version)}
+
+
+def _other_runs_on(master: str, run: RunRecord | None, state_dir: str | None) -> list[str]:
+    """Live runs on this machine, other than `run`, that record `master` (its admin address)."""
+    from kvctl.serve.master_flags import recorded_masters
+
+    mine = run.name if run is not None else None
+    return [r.name for r in recorded_masters(state_dir)
+            if r.name != mine and r.master is not None and r.master.admin_address == master]
 
 
 def _flag_strangers(status: FleetStatus, run: RunRecord, is_ours: Callable[[ProcessRef], bool]) -> None:

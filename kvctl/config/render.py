@@ -248,7 +248,15 @@ def fit_mooncake_config(cfg: dict[str, Any], version: Version, notes: list[str])
         raise UsageError(
             f"tenant_id needs vLLM >= {t.capability('mooncake.tenant_id').span.since}; {version} "
             "ignores it, so this deployment's keys would not be isolated",
-            "upgrade vLLM, or drop --set tenant_id and use cache_prefix")
+            "upgrade vLLM, or drop --set tenant_id and give this deployment its own master")
+    tenant = str(out.get("tenant_id") or "").strip()
+    if tenant and tenant != "default":
+        from kvctl.facts.shared_master import MULTI_TENANT_FLAGS
+
+        notes.append(f"tenant_id '{tenant}' isolates only on a master started with {MULTI_TENANT_FLAGS} whose file "
+                     f"lists '{tenant}' (a default master ignores it; an unlisted tenant's puts fail, error -1701); "
+                     "there kvctl lists and counts only the default tenant, so kvctl reset --verify (or a clear by "
+                     "kvctl) refuses this fleet: docs/reset.md, Shared masters")
     return out
 
 

@@ -74,7 +74,7 @@ async def count_before(master: MasterReceipt, plan: Plan, http: HttpPool) -> Cou
     from kvctl.transport.master_admin import MasterAdmin
 
     async with MasterAdmin(master.address, timeout=plan.options.timeout, pool=http) as admin:
-        return await _count_before(admin, key_prefix(plan.cache_prefix))
+        return await _count_before(admin, key_prefix(plan.cache_prefix), master.tenancy == "on")
 
 
 async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store: Any = None,
@@ -134,7 +134,7 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
     opts, prefix, scope = plan.options, key_prefix(plan.cache_prefix), plan.master_clear_scope
     master.scope = scope
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
-        counted = await (before or _count_before(admin, prefix))
+        counted = await (before or _count_before(admin, prefix, master.tenancy == "on"))
         master.keys_before, master.others_before = counted.mine, counted.others
         master.total_before = counted.total
         removed, how = await _remove(admin, plan, prefix, master.rpc_address, store)
@@ -169,12 +169,14 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
                             round(time.perf_counter() - started, 6), 1, error=master.remaining, detail=how)
 
 
-async def _count_before(admin: Any, prefix: str | None) -> Counted:
+async def _count_before(admin: Any, prefix: str | None, tenants: bool = False) -> Counted:
     """The keys before the clear. First the master_key_count gauge (0.5 ms): without a cache_prefix
     it is the whole count; with one, a listing gives the split, unless the gauge says it would be long
-    (over EXACT_BEFORE_MAX keys): then the split is not counted and the receipt says so."""
+    (over EXACT_BEFORE_MAX keys): then the split is not counted and the receipt says so. `tenants`: the
+    master keeps tenants apart, and its gauge counts every tenant's keys: the default tenant's (this
+    fleet's, kvctl.reset.tenancy) are listed instead."""
     total = await _gauge(admin)
-    if prefix is None and total is not None:
+    if prefix is None and total is not None and not tenants:
         return Counted(total, 0, total)
     if total is not None and total > EXACT_BEFORE_MAX:
         return Counted(None, None, total)
@@ -306,8 +308,30 @@ async def _confirm_empty(master: MasterReceipt, opts: ResetOptions, http: HttpPo
                 f"the master lists no key, but {exc.message}: an empty answer from a server that is not a "
                 "Mooncake master's admin port proves nothing (check --master: the admin/metrics port, e.g. :9003)")
             return False
+    if not master.cache_prefix and master.tenancy == "on":
+        return await _default_tenant_empty(master, opts, http)
     if not master.cache_prefix and gauge > 0:
         master.error = master.error or (f"the master lists no key, yet its master_key_count gauge counts {gauge}: "
                                         "not verified (keys in flight? rerun the reset with --pause)")
         return False
     return True
+
+
+async def _default_tenant_empty(master: MasterReceipt, opts: ResetOptions, http: HttpPool) -> bool:
+    """On a master that keeps tenants apart the gauge counts every tenant's keys: the default tenant's own
+    charged bytes (GET /api/v1/tenant_quotas) must be 0 instead, as its listing said."""
+    from kvctl.transport.master_admin import MasterAdmin, MasterError
+
+    async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
+        try:
+            tenancy = await admin.tenancy()
+        except MasterError as exc:
+            master.error = master.error or f"the master lists no key of the default tenant, but {exc.message}"
+            return False
+    if tenancy.mode == "on" and not (tenancy.charged_bytes or {}).get("default"):
+        return True
+    held = (f"that tenant is charged {tenancy.charged_bytes['default']} bytes" if tenancy.mode == "on"
+            else f"its tenants could not be read ({tenancy.detail})")
+    master.error = master.error or (f"the master lists no key of the default tenant, yet {held}: not verified "
+                                    "(keys in flight? rerun the reset with --pause)")
+    return False

@@ -21,6 +21,7 @@ from kvctl.reset.addresses import check_addresses, named_master_rpc
 from kvctl.reset.leader import MasterChoice, MasterNode
 from kvctl.reset.options import ResetOptions
 from kvctl.reset.scope import plan_scope
+from kvctl.reset.tenancy import plan_tenancy
 from kvctl.reset.window import read_window
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
@@ -91,6 +92,11 @@ class Plan:
     # A scoped clear keeps the other deployments' keys, but the fleet's own vLLM wipes them on every sleep,
     # default pause or connector reset (kvctl.facts.shared_master): what the plan says about it, or None
     shared_master: str | None = None
+    # The Mooncake tenant the fleet's mooncake.json names (declared: inventory or run), where it was declared,
+    # and whether the master keeps tenants apart ("off" | "on" | "unknown"; None: not asked): kvctl.reset.tenancy
+    tenant_id: str | None = None
+    tenant_source: str | None = None
+    tenancy: str | None = None
     # Replicas sharing one cache namespace but serving different weights (--verify fails on it)
     weights_mixed: list[MixedWeights] = field(default_factory=list)
 
@@ -109,11 +115,15 @@ async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None 
 
         replicas = await asyncio.gather(*(one(r) for r in fleet.replicas))
         plan = Plan(options, list(replicas), fleet.master, fleet.cache_prefix, master_rpc=fleet.master_rpc,
-                    master_group=list(fleet.master_group), master_rpc_group=list(fleet.rpc_group))
+                    master_group=list(fleet.master_group), master_rpc_group=list(fleet.rpc_group),
+                    tenant_id=fleet.tenant_id, tenant_source=" and ".join(fleet.sources) if fleet.tenant_id else None)
         wrong = await check_addresses(plan, fleet, shared)  # a port given for the other: refused below
         choice = await _plan_leader(plan, shared) if plan.master_group and not wrong else None
-    _plan_master(plan)
-    plan_weights(plan)
+        _plan_master(plan)
+        plan_weights(plan)
+        if plan.error is None and not wrong and plan.master and uses_master(plan) \
+                and not (choice is not None and choice.error):
+            await plan_tenancy(plan, shared)  # the keys kvctl counts must be where this fleet's live
     if wrong:
         plan.error, plan.hint = wrong
     if choice is not None and choice.error and uses_master(plan):  # the first thing to fix: said first

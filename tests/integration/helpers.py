@@ -88,11 +88,11 @@ class StoreWriter:
     """A real MooncakeDistributedStore client in its own process (tests/integration/store_writer.py)."""
 
     def __init__(self, rpc_address: str, count: int = 0, prefix: str = "",
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, tenant: str = "default") -> None:
         env = {**os.environ, **WRITER_ENV}
         self.proc = subprocess.Popen(
             [sys.executable, str(WRITER_SCRIPT), "--master", rpc_address, "--count", str(count),
-             "--prefix", prefix],
+             "--prefix", prefix, "--tenant", tenant],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env)
         line = self._readline(timeout)

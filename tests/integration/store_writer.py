@@ -1,11 +1,13 @@
 """Test helper, run as a separate process: a real Mooncake store client that writes keys.
 
-Usage: python store_writer.py --master 127.0.0.1:RPC_PORT --count N [--prefix P] [--value-size B]
+Usage: python store_writer.py --master 127.0.0.1:RPC_PORT --count N [--prefix P] [--value-size B] [--tenant T]
 
 Connects to the master (tcp, P2PHANDSHAKE, loopback only), puts N keys named
 f"{prefix}key-{i}", reads the first one back (so it holds a read lease), prints
 "READY key..." on stdout, then stays alive until stdin closes or it gets SIGTERM: a writer's
-keys vanish from the master when it closes, so tests keep it alive during their assertions.
+keys vanish from the master when it closes, so tests keep it alive during their assertions. --tenant T
+sets the client up in Mooncake tenant T, as vLLM >= 0.28 does with mooncake.json's tenant_id
+(vllm/distributed/mooncake_store.py setup_mooncake_store: tenant_id as a keyword, only when not "default").
 
 While alive it answers one-line commands on stdin (one answer line each, "OK ..." or "ERROR ..."):
   put COUNT [PREFIX]   put COUNT more keys named PREFIXkey-I -> "OK key..."
@@ -31,6 +33,7 @@ def main() -> int:
     parser.add_argument("--value-size", type=int, default=1024)
     parser.add_argument("--segment-mb", type=int, default=32)
     parser.add_argument("--buffer-mb", type=int, default=16)
+    parser.add_argument("--tenant", default="default")
     args = parser.parse_args()
 
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
@@ -40,8 +43,9 @@ def main() -> int:
     from mooncake.store import MooncakeDistributedStore
 
     store = MooncakeDistributedStore()
+    tenant = {"tenant_id": args.tenant} if args.tenant != "default" else {}
     rc = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment_mb * MB, args.buffer_mb * MB,
-                     "tcp", "", args.master)
+                     "tcp", "", args.master, **tenant)
     if rc != 0:
         print(f"ERROR setup returned {rc}", flush=True)
         return 2

@@ -148,7 +148,7 @@ STATUS_CONCURRENCY = 256  # replicas asked at once (as kvctl reset's default)
 async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str | None, timeout: float = DEFAULT_TIMEOUT,
                        *, run: RunRecord | None = None, http: HttpPool | None = None,
                        cache_prefix: str | None = None, checksums: bool = False,
-                       state_dir: str | None = None) -> FleetStatus:
+                       state_dir: str | None = None, tenant_id: str | None = None) -> FleetStatus:
     """Ask every replica (and every master: one, or an HA group) at once; failures land in each
     row's `error`. In an HA group only the leader serves (a standby's /health says not ready), so
     the fleet's `master` is the first master that serves, else the first. `checksums`: also ask each
@@ -178,6 +178,9 @@ async def fleet_status(replicas: list[Replica], masters: tuple[str, ...] | str |
         _flag_strangers(status, run, alive)
     if status.master is not None:
         status.shared_master = shared_master(status.replicas, status.master.address, cache_prefix, run, state_dir)
+        if status.shared_master and tenant_id not in (None, "default") and status.master.reachable \
+                and await _own_tenant(status.master.address, timeout, http):
+            status.shared_master = None  # vLLM's wipe is a remove_all of its own tenant's keys only
     status.elapsed_s = time.perf_counter() - start
     return status
 
@@ -214,6 +217,19 @@ def shared_master(rows: list[ReplicaStatus], master: str, cache_prefix: str | No
     return {"replicas": names, "calls": wipe.call_names, "since": wipe.since, "why": why,
             "message": f"{wipe.message(f'{names} (vLLM {wipe.version}, taken as {STORE_CONNECTOR})')}; {why}",
             "isolation": isolation(wipe.version)}
+
+
+async def _own_tenant(master: str, timeout: float, http: HttpPool | None) -> bool:
+    """Does `master` keep tenants apart (GET /api/v1/tenant_quotas)? Then a fleet in its own tenant (vLLM
+    >= 0.28 sets its store client up with mooncake.json's tenant_id) wipes only that tenant's keys: measured
+    on 0.3.13.post1, a tenant's client's remove_all(force=True) left the other tenant's keys."""
+    from kvctl.transport.master_admin import MasterAdmin, MasterError
+
+    async with shared_pool(http, 1) as pool, MasterAdmin(master, timeout=timeout, pool=pool) as admin:
+        try:
+            return (await admin.tenancy()).mode == "on"
+        except MasterError:
+            return False
 
 
 def _other_runs_on(master: str, run: RunRecord | None, state_dir: str | None) -> list[str]:

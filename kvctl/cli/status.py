@@ -72,7 +72,7 @@ def status(
     def check() -> Any:
         return asyncio.run(fleet_status(targets.fleet.replicas, targets.fleet.masters, timeout, run=targets.run,
                                         cache_prefix=targets.fleet.cache_prefix, checksums=checksums,
-                                        state_dir=state_dir))
+                                        state_dir=state_dir, tenant_id=targets.fleet.tenant_id))
 
     if watch:
         raise typer.Exit(_watch(check, interval, count, json_out))

@@ -397,3 +397,22 @@ def test_a_run_alone_on_its_embedded_master_is_not_warned_but_one_sharing_it_is(
     shared = json.loads(cli("status", "--run", "run-a", "--state-dir", str(tmp_path), "--json",
                             "--timeout", "2").stdout)
     assert shared["shared_master"]["why"] == "live run(s) run-b use this master too"
+
+
+def test_a_fleet_in_its_own_tenant_of_a_multi_tenant_master_is_not_warned(cli, doubles: DoubleFleet,
+                                                                           tmp_path: Path) -> None:
+    """On a master with --enable_multi_tenants a client's remove_all(force=True) removes its own tenant's
+    keys only (measured on 0.3.13.post1): a fleet declared in tenant t1 wipes no other tenant."""
+    store = SharedStore()
+    url = doubles.add(VllmDouble("0.32.0+cpu", store=store))
+    tenants = doubles.add_master(MasterDouble(store, tenants={"other": 3}))
+    plain = doubles.add_master(MasterDouble(SharedStore()))
+    inv = tmp_path / "fleet.yaml"
+
+    def hazard(master: str, tenant: str) -> object:
+        inv.write_text(f"master: {master}\ncache_prefix: team-a\ntenant_id: {tenant}\nreplicas:\n  - url: {url}\n")
+        return json.loads(cli("status", "--inventory", str(inv), "--timeout", "2", "--json").stdout)["shared_master"]
+
+    assert hazard(tenants, "t1") is None
+    assert hazard(tenants, "default") is not None  # the default tenant's other deployments are wiped
+    assert hazard(plain, "t1") is not None  # a master without multi-tenancy ignores the tenant

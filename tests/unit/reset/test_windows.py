@@ -122,7 +122,7 @@ def test_a_generating_fleet_without_a_connector_has_its_long_requests_preempted(
     urls = [doubles.add(r) for r in replicas]
     for r in replicas:
         r.running = 3  # long agentic rollouts hold their blocks
-    receipt = kvctl.hard_reset(urls=urls, connector=False, verify=False, pause=False)
+    receipt = kvctl.hard_reset(urls=urls, connector=False, verify=True, pause=False)  # verify: its layout is read
     assert receipt.ok, receipt.summary
     for r in replicas:
         assert r.preempted == 3 and not r.calls_to("/pause")

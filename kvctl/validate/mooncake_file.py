@@ -247,8 +247,9 @@ def _check_versioned_keys(cfg: Mapping[str, Any], v: Version, where: str, out: C
         since = table().capability("mooncake.tenant_id").span.since
         out.drop(join(where, "tenant_id"), f"vLLM {v} does not read tenant_id (first read in "
                   f"{since}): keys are not isolated, this deployment shares keys with every other "
-                  "user of the master", f"upgrade vLLM to >= {since}, or give each deployment its "
-                  "own master (or its own cache_prefix in kv_connector_extra_config)")
+                  "user of the master", f"upgrade vLLM to >= {since} (a tenant isolates only on a master run "
+                  "with --enable_multi_tenants), or give each deployment its own master (a cache_prefix scopes "
+                  "kvctl's clears, not vLLM's own connector reset)")
     if "enable_offload" in cfg:
         path, value = join(where, "enable_offload"), cfg["enable_offload"]
         if not table().has(v, "mooncake.enable_offload"):

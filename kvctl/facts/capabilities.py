@@ -360,7 +360,7 @@ def _matches(row: dict[str, Any], match: dict[str, Any]) -> bool:
             return False
         if key == "value_prefix" and not str(value).startswith(wanted):
             return False
-        if key == "has_key" and not (isinstance(value, dict) and wanted in value):
+        if key == "has_key" and not (isinstance(value, (dict, list)) and wanted in value):
             return False
         if key not in ("value", "value_prefix", "has_key") and row.get(key) != wanted:
             return False

@@ -153,6 +153,59 @@ def reset_fact(tree: SourceTree, module: str, cls_name: str) -> dict | None:
     return {"defined_in": owner, "calls": calls, **loc(path, func)}
 
 
+def reset_caveats(tree: SourceTree, module: str, cls_name: str) -> dict:
+    """What the reset's own code says about how it must be called and where it runs:
+    `reset_needs_pause`: the sentence of reset_cache's docstring that asks for a pause;
+    `reset_served_on`: the class that runs the clearing call (e.g. LookupKeyServer, which gets the
+    reset message and calls remove_all), the condition its construction sits under (the worker
+    rank that owns it) and the queue joins (drains) it runs first."""
+    found = find_class_def(tree, module, cls_name)
+    hit = find_method(tree, found[0], found[1], "reset_cache") if found else None
+    if hit is None or hit[0].endswith(BASE_FILES):
+        return {}
+    path, func, _owner = hit
+    out: dict = {}
+    doc = ast.get_docstring(func, clean=False) or ""
+    lines = doc.splitlines()
+    text = " ".join(" ".join(lines).split())
+    for sentence in re.split(r"(?<=\.)(?<!e\.g\.)(?<!i\.e\.)\s+(?=[A-Z])", text):
+        if re.search(r"\bpause", sentence, re.IGNORECASE):
+            line = next((i for i, raw in enumerate(lines) if re.search(r"\bpause", raw, re.IGNORECASE)), 0)
+            out["reset_needs_pause"] = {"values": {"value": sentence.replace("``", ""), "file": path,
+                                                   "line": func.body[0].lineno + line}}
+            break
+    files = scope_files(tree, path)
+    clearing = {c for c in reachable_calls(tree, func, files) if "remove_all(" in c}
+    for other in files:
+        parsed = tree.parse(other)
+        for cls in ast.walk(parsed) if parsed else ():
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            calls = [ast.unparse(n) for n in ast.walk(cls) if isinstance(n, ast.Call)]
+            if not clearing & set(calls):
+                continue
+            drains = sorted({c for c in calls if c.endswith(".join()") and "queue" in c})
+            site = _constructed_under(tree, files, cls.name)
+            if site is not None:
+                out["reset_served_on"] = {"values": {"value": {"class": cls.name, "when": site[0], "drains": drains},
+                                                     **site[1]}}
+                return out
+    return out
+
+
+def _constructed_under(tree: SourceTree, files: list[str], name: str) -> tuple[str, dict] | None:
+    """(the `if` test, file:line) of where `name(...)` is constructed inside an if, in `files`."""
+    for path in files:
+        parsed = tree.parse(path)
+        for node in ast.walk(parsed) if parsed else ():
+            if isinstance(node, ast.If):
+                for stmt in node.body:
+                    for sub in ast.walk(stmt):
+                        if isinstance(sub, ast.Call) and callee_name(sub) == name:
+                            return ast.unparse(node.test), loc(path, sub)
+    return None
+
+
 def closure(tree: SourceTree, start: str) -> list[str]:
     """`start` plus the Mooncake-specific vLLM files it imports, transitively."""
     seen, todo = set(), [start]
@@ -232,6 +285,7 @@ def extract(tree: SourceTree) -> dict:
             reset = reset_fact(tree, gens[gen]["module"], gens[gen]["class"]) if gen == "v1" else None
             if reset is not None:
                 entry["reset_cache"] = reset
+                entry.update(reset_caveats(tree, gens[gen]["module"], gens[gen]["class"]))
             if "mooncake" in name.lower():
                 _add_mooncake(tree, entry, gens[gen])
             break  # a name registered as both: the V1 class is the one a V1 engine loads

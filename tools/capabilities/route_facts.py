@@ -10,11 +10,17 @@ from tools.capabilities.source import SourceTree, callee_name, functions, import
 ROUTES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/pause", "/resume",
           "/is_paused", "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/server_info",
           # the weight-update surface (kvctl weights): version label, its reader, per-worker checksums
-          "/update_weight_version", "/weight_info", "/weight_checker")
+          "/update_weight_version", "/weight_info", "/weight_checker",
+          # vLLM's native weight transfer (a trainer pushes tensors, e.g. over NCCL) and the abort of
+          # in-flight requests RL loops use beside /pause
+          "/init_weight_transfer_engine", "/update_weights", "/start_weight_update", "/finish_weight_update",
+          "/abort_requests")
 METHODS = {"get", "post", "put", "delete", "patch"}
 DEV_FLAG = "VLLM_SERVER_DEV_MODE"
 ENTRY = "vllm/entrypoints/"
 ENGINE_FILES = ("vllm/engine/protocol.py", "vllm/v1/engine/async_llm.py")
+ENGINE_CORE = "vllm/v1/engine/core.py"
+ENGINE_TYPES = "vllm/v1/engine/__init__.py"  # PauseMode = Literal[...]
 
 
 def _route_of(deco: ast.expr) -> tuple[str, str, str] | None:
@@ -132,6 +138,12 @@ def _params(handler: ast.FunctionDef | ast.AsyncFunctionDef, path: str) -> dict:
         if annotation.endswith("Request") or arg.arg == "raw_request":
             continue
         out[arg.arg] = {"spans": {"source": "argument", "default": _param_default(default), **loc(path, arg)}}
+        choices = _literal_values(arg.annotation)
+        if choices:
+            out[arg.arg]["choices"] = {"values": {"value": choices, **loc(path, arg)}}
+        deprecated = _deprecated(handler, path, arg.arg)
+        if deprecated:
+            out[arg.arg]["deprecated"] = {"values": deprecated}
     body_vars = {t.id for n in own_nodes(handler) if isinstance(n, ast.Assign)
                  and ".json()" in ast.unparse(n.value) for t in n.targets if isinstance(t, ast.Name)}
     for node in own_nodes(handler):
@@ -142,6 +154,56 @@ def _params(handler: ast.FunctionDef | ast.AsyncFunctionDef, path: str) -> dict:
                 default = ast.unparse(node.args[1]) if len(node.args) > 1 else None
                 out.setdefault(str_const(node.args[0]), {"spans": {"source": source, "default": default, **loc(path, node)}})
     return out
+
+
+def _literal_values(annotation: ast.expr | None) -> list[str] | None:
+    """`Annotated[Literal["a", "b"], Body(embed=True)]` or `Literal["a", "b"]` -> ["a", "b"] (sorted)."""
+    for node in ast.walk(annotation) if annotation is not None else ():
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value).split(".")[-1] == "Literal":
+            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            values = [str_const(i) for i in items]
+            return sorted(v for v in values if v is not None) or None
+    return None
+
+
+def _deprecated(handler: ast.AST, path: str, name: str) -> dict | None:
+    """A parameter the handler's docstring marks `name: DEPRECATED. ...`: that line (whitespace
+    folded), where it sits, and the call the handler still passes the parameter to (None: it is
+    read but passed nowhere, i.e. ignored)."""
+    doc = ast.get_docstring(handler, clean=False) if isinstance(handler, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+        else None
+    if not doc:
+        return None
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if text.startswith(f"{name}:") and "DEPRECATED" in text:
+            # the entry runs on over its indented continuation lines
+            indent = len(line) - len(line.lstrip())
+            more = [c.strip() for c in _continuation(lines[i + 1:], indent)]
+            body = handler.body[0]  # type: ignore[attr-defined]
+            return {"value": " ".join([text, *more]), "forwarded_to": _forwarded_to(handler, name),
+                    "file": path, "line": body.lineno + i}
+    return None
+
+
+def _continuation(lines: list[str], indent: int) -> list[str]:
+    out = []
+    for line in lines:
+        if not line.strip() or len(line) - len(line.lstrip()) <= indent:
+            break
+        out.append(line)
+    return out
+
+
+def _forwarded_to(handler: ast.AST, name: str) -> str | None:
+    """The callee the handler passes `name` to (`engine.pause_generation`), if any."""
+    for node in own_nodes(handler):
+        if isinstance(node, ast.Call):
+            passed = list(node.args) + [k.value for k in node.keywords]
+            if any(isinstance(a, ast.Name) and a.id == name for a in passed):
+                return ast.unparse(node.func)
+    return None
 
 
 def _param_default(node: ast.expr | None) -> str | None:
@@ -181,17 +243,22 @@ def _shape(value: ast.expr | None) -> str:
 
 
 def extract_routes(tree: SourceTree) -> dict:
+    """Each route's handler. Where several files decorate one path (/abort_requests 0.26-0.31: the
+    tokens-only scale-out router's and the dev RL router's), a dev-only handler wins (vLLM attaches
+    the dev routers first, and kvctl talks to dev-mode servers), then the first file in path order."""
     index = RouteIndex(tree)
     out: dict = {}
     for path in sorted(index.guards):
         for handler in functions(tree.parse(path)):
             for deco in handler.decorator_list:
                 found = _route_of(deco)
-                if found is None or found[0] in out:
-                    continue  # first file in path order wins; see the report for duplicates
+                if found is None:
+                    continue
                 route, method, router = found
-                entry: dict = {"spans": {"method": method, "dev_only": index.dev_only(path, handler, router),
-                                         **loc(path, deco)},
+                dev_only = index.dev_only(path, handler, router)
+                if route in out and (out[route]["spans"]["dev_only"] or not dev_only):
+                    continue
+                entry: dict = {"spans": {"method": method, "dev_only": dev_only, **loc(path, deco)},
                                "answer": {"values": {"value": _answer(handler), **loc(path, handler)}}}
                 params = _params(handler, path)
                 if params:
@@ -216,7 +283,75 @@ def extract_engine(tree: SourceTree) -> dict:
     salt = completion_field(tree, "cache_salt")
     if salt is not None:
         out["completions.cache_salt"] = {"spans": salt}
+    rejects = paused_rejection(tree)
+    if rejects is not None:
+        out["pause.rejects_new_requests"] = rejects
     return out
+
+
+def paused_rejection(tree: SourceTree) -> dict | None:
+    """EngineCore._reject_add_while_paused (0.33+): a new request that arrives while a user pause
+    is in force is finished at once with a RequestError (code, retryable) instead of being queued.
+    `modes`: the PauseMode values for which pause_generation sets the flag it checks, evaluated from
+    the assignment (`self.reject_new_requests = mode != "keep"`) over PauseMode's Literal."""
+    module = tree.parse(ENGINE_CORE) if ENGINE_CORE in tree.files else None
+    reject = next((f for f in functions(module) if f.name == "_reject_add_while_paused"), None) if module else None
+    if reject is None:
+        return None
+    error: dict = {}
+    for node in own_nodes(reject):
+        if isinstance(node, ast.Call) and callee_name(node) == "RequestError":
+            for kw in node.keywords:
+                if kw.arg == "code":
+                    error["error_code"] = str_const(kw.value)
+                elif kw.arg == "retryable" and isinstance(kw.value, ast.Constant):
+                    error["retryable"] = kw.value.value
+                elif kw.arg == "message":
+                    error["message"] = str_const(kw.value)
+    fact: dict = {"spans": {**error, **loc(ENGINE_CORE, reject)}}
+    flag = _flag_checked(reject)
+    modes = _pause_modes(tree)
+    for func in functions(module):
+        arg_names = [a.arg for a in func.args.args + func.args.kwonlyargs]
+        if "mode" not in arg_names or flag is None:
+            continue
+        for node in own_nodes(func):
+            if isinstance(node, ast.Assign) and any(ast.unparse(t) == f"self.{flag}" for t in node.targets):
+                rejecting = [m for m in modes if _mode_test(node.value, m)]
+                if modes and rejecting is not None:
+                    fact["modes"] = {"values": {"value": sorted(rejecting), "set_by": func.name,
+                                                "test": ast.unparse(node.value), **loc(ENGINE_CORE, node)}}
+                break
+    return fact
+
+
+def _flag_checked(func: ast.AST) -> str | None:
+    """The `self.X` attribute a rejecting function tests (`not self.reject_new_requests`)."""
+    for node in own_nodes(func):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and isinstance(node.operand, ast.Attribute) \
+                and ast.unparse(node.operand.value) == "self":
+            return node.operand.attr
+    return None
+
+
+def _pause_modes(tree: SourceTree) -> list[str]:
+    module = tree.parse(ENGINE_TYPES) if ENGINE_TYPES in tree.files else None
+    for node in module.body if module else ():
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == "PauseMode" for t in node.targets):
+            return _literal_values(node.value) or []
+    return []
+
+
+def _mode_test(test: ast.expr, mode: str) -> bool:
+    """Evaluate `mode != "keep"`, `mode == "x"`, `mode in ("a", "b")` (and `not in`) for one mode;
+    anything else counts as rejecting (the safe reading for kvctl: it then avoids that mode)."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and ast.unparse(test.left) == "mode":
+        op, right = test.ops[0], test.comparators[0]
+        if isinstance(op, (ast.Eq, ast.NotEq)) and str_const(right) is not None:
+            return (mode == str_const(right)) == isinstance(op, ast.Eq)
+        if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+            return (mode in {str_const(e) for e in right.elts}) == isinstance(op, ast.In)
+    return True
 
 
 def completion_field(tree: SourceTree, field: str) -> dict | None:

@@ -57,10 +57,42 @@ def test_server_payload_version() -> None:
         ("0.24.0.dev12+g1234abc", "http.reset_prefix_cache.reset_external", True),
         ("v0.22.0", "http.pause.clear_cache_resets_connector", False),
         ("0.23.1", "http.pause.clear_cache_resets_connector", True),
+        # issue 37, each from the release sources (vllm_facts.json)
+        ("0.32.0+cpu", "engine.pause_rejects_new_requests", False),
+        ("0.33.0", "engine.pause_rejects_new_requests", True),
+        ("0.15.1", "http.pause.clear_cache_deprecated", False),
+        ("0.33.0", "http.pause.clear_cache_deprecated", True),
+        ("0.33.0", "http.pause.clear_cache", True),  # deprecated, still taken: kvctl sends false
+        ("0.15.1", "http.init_weight_transfer_engine", False),
+        ("0.16.0", "http.init_weight_transfer_engine", True),
+        ("0.16.0", "http.update_weights", True),
+        ("0.20.2", "http.start_weight_update", False),
+        ("0.21.0", "http.start_weight_update", True),
+        ("0.21.0", "http.finish_weight_update", True),
+        ("0.11.0", "http.abort_requests", False),
+        ("0.11.1", "http.abort_requests", True),
+        ("0.25.1", "http.abort_requests.dev", False),
+        ("0.26.0", "http.abort_requests.dev", True),
+        ("0.33.0", "http.weight_checker.reset", True),
+        ("0.32.0", "http.weight_checker.compare", True),
+        ("0.31.0", "http.weight_checker.compare", False),
+        ("0.22.1", "connector.mooncake_store.reset_needs_pause", False),
+        ("0.23.0", "connector.mooncake_store.reset_needs_pause", True),
+        ("0.33.0", "connector.mooncake_store.reset_rank0_only", True),
     ],
 )
 def test_has(version: str, capability: str, expected: bool) -> None:
     assert table().has(version, capability) is expected
+
+
+def test_which_pause_modes_reject_new_requests() -> None:
+    from kvctl.facts.pausing import pause_rejection_source, pause_rejects
+
+    assert [m for m in ("abort", "wait", "keep") if pause_rejects("0.33.0", m)] == ["abort", "wait"]
+    assert not any(pause_rejects(v, m) for v in ("0.16.0", "0.32.0+cpu") for m in ("abort", "wait", "keep"))
+    assert pause_rejects("0.34.1", "wait")  # newer than the facts: the newest facts hold
+    assert pause_rejection_source("0.33.0") == "vllm/v1/engine/core.py:1796"
+    assert pause_rejection_source("0.32.0") is None
 
 
 def test_connectors_by_version() -> None:

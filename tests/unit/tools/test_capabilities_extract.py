@@ -186,6 +186,141 @@ def test_routes_dev_gating_params_and_answers(fake_snapshot: dict) -> None:
                            "reset_mm_cache"}
 
 
+# The pause and weight surface of 0.33 (issue 37): a rejection while paused, a deprecated parameter
+# still passed on, Literal choices, one path decorated by two routers, a reset that asks for a pause.
+PAUSE_TREE = {
+    "vllm/v1/engine/__init__.py": """
+        from typing import Literal
+        PauseMode = Literal["abort", "wait", "keep"]
+    """,
+    "vllm/v1/engine/core.py": """
+        class EngineCoreProc:
+            def _reject_add_while_paused(self, request):
+                if not self.reject_new_requests or request.abort_immediately:
+                    return False
+                error = RequestError(code="engine_paused", message="Paused.", retryable=True)
+                return True
+
+            def pause_generation(self, mode="abort", clear_cache=True):
+                future = self.pause_scheduler(mode, clear_cache)
+                self.reject_new_requests = mode != "keep"
+                return future
+    """,
+    "vllm/entrypoints/rl/online/api_router.py": """
+        from typing import Annotated, Literal
+        from fastapi import APIRouter, Body, Query, Request
+        from fastapi.responses import JSONResponse
+        router = APIRouter()
+
+        @router.post("/pause")
+        async def pause_generation(raw_request: Request, mode: Annotated[str, Query()] = "abort",
+                                   clear_cache: Annotated[bool, Query()] = True):
+            \"\"\"Pause.
+
+            Args:
+                clear_cache: DEPRECATED. Whether to clear caches
+                    after draining.
+            \"\"\"
+            await engine.pause_generation(mode=mode, clear_cache=clear_cache)
+            return JSONResponse(content={"status": "paused"})
+
+        @router.post("/weight_checker")
+        async def weight_checker(raw_request: Request,
+                                 action: Annotated[Literal["checksum", "reset", "compare"], Body(embed=True)]):
+            return JSONResponse(content={"status": action})
+
+        @router.post("/abort_requests")
+        async def abort_requests(raw_request: Request):
+            return JSONResponse(content={"status": "aborted"})
+    """,
+    "vllm/entrypoints/scale_out/api_router.py": """
+        from fastapi import APIRouter, Request
+        from fastapi.responses import Response
+        router = APIRouter()
+
+        @router.post("/abort_requests")
+        async def abort_requests(raw_request: Request):
+            return Response(status_code=200)
+
+        def attach_router(app):
+            app.include_router(router)
+    """,
+    "vllm/entrypoints/serve/__init__.py": """
+        import vllm.envs as envs
+        from vllm.entrypoints.rl.online.api_router import router as rl_router
+        def register(app):
+            if envs.VLLM_SERVER_DEV_MODE:
+                app.include_router(rl_router)
+    """,
+    "vllm/distributed/kv_transfer/kv_connector/factory.py": """
+        KVConnectorFactory.register_connector(
+            "StoreConnector", "vllm.distributed.kv_transfer.kv_connector.v1.store.connector", "StoreConnector")
+    """,
+    "vllm/distributed/kv_transfer/kv_connector/v1/store/connector.py": """
+        from vllm.distributed.kv_transfer.kv_connector.v1.store.worker import Client
+        class StoreConnector:
+            def reset_cache(self):
+                \"\"\"Reset the store.
+
+                Drains the send queue. Caller must first pause generation (e.g.
+                ``pause_generation``) so no new puts are enqueued.
+                \"\"\"
+                return self.client.reset()
+    """,
+    "vllm/distributed/kv_transfer/kv_connector/v1/store/worker.py": """
+        RESET_MSG = b"reset"
+        class Client:
+            def reset(self):
+                self.socket.send(RESET_MSG)
+        class Server:
+            def loop(self, msg):
+                if msg == RESET_MSG:
+                    self.worker.send_thread.request_queue.join()
+                    self.worker.store.remove_all(force=True)
+        class Worker:
+            def __init__(self, config):
+                if config.parallel_config.rank == 0:
+                    self.server = Server(self, config)
+    """,
+}
+
+
+def test_pause_rejection_deprecations_choices_and_the_reset_s_caveats(tmp_path: Path) -> None:
+    snap = snapshot(_write(tmp_path, PAUSE_TREE))
+    rejects = snap["engine"]["pause.rejects_new_requests"]
+    assert rejects["spans"]["error_code"] == "engine_paused" and rejects["spans"]["retryable"] is True
+    assert rejects["spans"]["line"] == 3  # the def of _reject_add_while_paused
+    assert rejects["modes"]["values"]["value"] == ["abort", "wait"]  # mode != "keep" over PauseMode
+    deprecated = snap["routes"]["/pause"]["params"]["clear_cache"]["deprecated"]["values"]
+    assert deprecated["value"] == "clear_cache: DEPRECATED. Whether to clear caches after draining."
+    assert deprecated["forwarded_to"] == "engine.pause_generation" and deprecated["line"] == 13
+    assert "deprecated" not in snap["routes"]["/pause"]["params"]["mode"]
+    choices = snap["routes"]["/weight_checker"]["params"]["action"]["choices"]["values"]["value"]
+    assert choices == ["checksum", "compare", "reset"]
+    # the dev router's handler wins over the one that sorts first (scale_out)
+    abort = snap["routes"]["/abort_requests"]
+    assert abort["spans"]["dev_only"] is True and abort["spans"]["file"].startswith("vllm/entrypoints/rl/")
+    store = snap["connectors"]["StoreConnector"]
+    assert store["reset_needs_pause"]["values"]["value"] == ("Caller must first pause generation (e.g. "
+                                                              "pause_generation) so no new puts are enqueued.")
+    served = store["reset_served_on"]["values"]
+    assert served["value"] == {"class": "Server", "when": "config.parallel_config.rank == 0",
+                               "drains": ["self.worker.send_thread.request_queue.join()"]}
+    assert served["file"].endswith("store/worker.py")
+
+
+def test_committed_facts_carry_the_pause_and_weight_facts_of_issue_37() -> None:
+    facts = facts_at(json.loads(COMMITTED.read_text()), "0.33.0")
+    rejects = facts["engine"]["pause.rejects_new_requests"]
+    assert (rejects["spans"]["file"], rejects["spans"]["line"]) == ("vllm/v1/engine/core.py", 1796)
+    assert rejects["modes"]["values"]["value"] == ["abort", "wait"] and rejects["modes"]["values"]["line"] == 2232
+    assert "pause.rejects_new_requests" not in facts_at(json.loads(COMMITTED.read_text()), "0.32.0")["engine"]
+    # an interval keeps the location of its first release: 0.16.0's (0.33.0 has it at rl/online/api_router.py:49)
+    deprecated = json.loads(COMMITTED.read_text())["routes"]["/pause"]["params"]["clear_cache"]["deprecated"]["values"]
+    assert [(d["since"], d["until"], d["file"], d["line"], d["forwarded_to"]) for d in deprecated] == [
+        ("0.16.0", None, "vllm/entrypoints/serve/rlhf/api_router.py", 45, "engine.pause_generation")]
+
+
 # --- the committed file against real installed sources ------------------------------------------
 
 def _vllm_site_packages() -> Path:

@@ -78,7 +78,7 @@ async def hard_reset_async(
     clear_timeout: float = 15.0,
     probe_prompts: list[str] | None = None,
     allow_mixed_weights: bool = False,
-    pause_mode: str = "wait",
+    pause_mode: str | None = None,
     evidence: Evidence | None = None,
     raise_on_failure: bool = False,
 ) -> Receipt:
@@ -90,7 +90,9 @@ async def hard_reset_async(
     its canary is left for check_evidence_async after the resume (`receipt.pending`, exit code 3).
     `evidence`: verify with the canaries primed before the update instead of fresh ones.
     pause_mode="keep": kvctl's pause freezes in-flight requests instead of waiting for them (the
-    reset preempts them; they are recomputed after the resume). With raise_on_failure, a receipt
+    reset preempts them where no KV connector runs; they are recomputed after the resume); "wait" lets
+    them finish; None (the default): wait, or keep on vLLM >= 0.33 without a KV connector, where a wait
+    pause answers new requests 503 engine_paused (receipt.plan.pause_notes: what the pause does to them). With raise_on_failure, a receipt
     where a replica is not reset or not clean raises ResetFailed (carrying the receipt); a check
     left pending alone does not. With verify, replicas that
     share one cache namespace but serve different weights fail it, unless allow_mixed_weights.

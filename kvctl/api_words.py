@@ -49,8 +49,8 @@ _COMMAND = re.compile(r"\bkvctl (?:reset|probe|status|stop|serve|runs|rm|weights
 # where a clause ends: a command suggested before one does not reach past it
 _CLAUSE_END = re.compile(r"[;()]|, |: ")
 # the message fields of receipts and reports (never names, URLs, prompts or paths)
-TEXT_FIELDS = frozenset({"error", "hint", "summary", "reason", "tolerance_reason", "notes", "remaining", "state",
-                         "weight_note", "checksum_note", "detail", "local_only", "master_clear_reason"})
+TEXT_FIELDS = frozenset({"error", "hint", "summary", "reason", "tolerance_reason", "notes", "pause_notes", "remaining",
+                         "state", "weight_note", "checksum_note", "detail", "local_only", "master_clear_reason"})
 
 
 # a message may name the keyword beside its flag ("--whole-master (whole_master=True)", "master= in

@@ -31,7 +31,7 @@ def reset(
     no_encoder: Annotated[bool, typer.Option("--no-encoder", help="Skip /reset_encoder_cache.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Prove it: master key count 0 and a canary prompt with no cache hit after the reset.")] = False,
     pause: Annotated[Optional[bool], typer.Option("--pause/--no-pause", help="Pause generation first (in-flight requests finish) and always resume after. Default: on with --connector (vLLM's store reset wants no new puts while it drains).", show_default=False)] = None,
-    pause_mode: Annotated[str, typer.Option("--pause-mode", metavar="wait|keep", help="How kvctl's pause treats in-flight requests: wait for them, or keep them frozen (the reset preempts them; they are recomputed after the resume, none waited for).")] = "wait",
+    pause_mode: Annotated[Optional[str], typer.Option("--pause-mode", metavar="wait|keep", help="How kvctl's pause treats in-flight requests: wait for them, or keep them frozen (the reset preempts them; they are recomputed after the resume, none waited for). Default: wait; keep on vLLM >= 0.33 without a KV connector (a wait pause there answers new requests 503).", show_default=False)] = None,
     evidence: Annotated[Optional[Path], typer.Option("--evidence", metavar="FILE", help="With --verify: check the canaries `kvctl evidence take` primed before the weight update (content proof across it); those left pending on replicas paused by their owner are checked by `kvctl evidence check FILE` after the resume. The file is updated in place.")] = None,
     pause_timeout: Annotated[float, typer.Option("--pause-timeout", metavar="S", help="Seconds one /pause may take (tried twice); a failed pause resumes every paused replica and resets nothing.")] = 120.0,
     whole_master: Annotated[bool, typer.Option("--whole-master", help="Clear every key on the master, other deployments' too. Without it a fleet with a cache_prefix loses only its own keys (<cache_prefix>@...), and vLLM's master-wide connector reset is not used.")] = False,
@@ -78,12 +78,20 @@ def reset(
     proof = Evidence.load(evidence) if evidence is not None else None
 
     async def reset_and_record() -> Any:
-        receipt = await hard_reset_fleet(fleet, options, proof)
+        receipt = await hard_reset_fleet(fleet, options, proof, on_plan=None if json_out else say_pause_notes)
         if proof is not None and evidence is not None and not receipt.dry_run:
             proof.save(evidence)  # the canaries checked now cannot prove a second reset
         return receipt
 
     finish_with_receipt(reset_and_record(), json_out, "before anything was paused or reset: nothing was changed", _print)
+
+
+def say_pause_notes(plan: Any) -> None:
+    """What kvctl's pause will do to client requests (kvctl.reset.pausing), on stderr before it pauses."""
+    from kvctl.cli import output
+
+    for note in plan.pause_notes:
+        output.note(note)
 
 
 def _print(receipt: Any) -> None:
@@ -139,7 +147,7 @@ def _print_plan(plan: Any) -> None:
     output.show(table)
     if not output.wide():
         output.per_value("connector", ((r.name, _layout(r.layout)) for r in plan.replicas if not r.error))
-    for note in plan.notes:
+    for note in [*plan.pause_notes, *plan.notes]:
         output.show(f"[dim]note:[/] {escape(note)}")
     _print_master_roles(plan.master_nodes, plan.master, "at plan time", plan.master_rpc)
     if plan.master_clear and plan.master_clear_scope == "scoped":

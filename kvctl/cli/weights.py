@@ -67,8 +67,14 @@ def update(
     fleet = build_fleet(url, inventory, master, run=run, state_dir=state_dir, master_rpc=master_rpc, ray=ray)
     # SIGINT, SIGTERM and SIGHUP: every replica kvctl paused is resumed, the receipt says each one's state;
     # before there is one (the plan, the checksums, the canaries) nothing was changed
-    finish_with_receipt(update_fleet(fleet, options), json_out,
+    finish_with_receipt(update_fleet(fleet, options, on_plan=None if json_out else _say_pause_notes), json_out,
                         "before anything was paused or reloaded: nothing was changed", _print)
+
+
+def _say_pause_notes(plan: Any) -> None:
+    from kvctl.cli.reset import say_pause_notes
+
+    say_pause_notes(plan.reset)
 
 
 def _print(receipt: Any) -> None:
@@ -115,7 +121,7 @@ def _print_plan(receipt: Any) -> None:
                  else "EVERY key on the master")
         output.show(f"master {escape(reset.master or '')}: kvctl clears {escape(scope)}, because "
                     f"{escape(reset.master_clear_reason or '')}")
-    for note in reset.notes:
+    for note in [*reset.pause_notes, *reset.notes]:
         output.show(f"[dim]note:[/] {escape(note)}")
 
 

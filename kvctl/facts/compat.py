@@ -12,6 +12,7 @@ from typing import Any, Literal
 from packaging.version import Version
 
 from kvctl.facts.capabilities import CapabilityTable, table
+from kvctl.facts.pausing import pause_rejects
 
 Status = Literal["works", "silent-no-op", "missing", "not-applicable", "unknown"]
 Verdict = Literal["hard-reset", "hard-reset-with-master-clear", "no-hard-reset"]
@@ -142,6 +143,10 @@ def _pause(t: CapabilityTable, v: Version) -> Operation:
         return Operation("pause", "missing", f"/pause first in vLLM {t.capability('http.pause').span.since}")
     params = "mode=abort|wait|keep" if t.has(v, "http.pause.mode") else "wait_for_inflight_requests, clear_cache"
     gated = "dev mode" if t.has(v, "http.pause.dev_gated") else "not dev-gated"
+    rejects = "|".join(m for m in ("abort", "wait") if pause_rejects(v, m))
+    if rejects:  # 0.33+: EngineCore._reject_add_while_paused
+        gated += (f"; paused with {rejects}, new requests get 503 engine_paused until /resume "
+                  "(kvctl pauses with keep where no KV connector runs; elsewhere it says so first)")
     return Operation("pause", "works", f"POST /pause?{params} ({gated})")
 
 

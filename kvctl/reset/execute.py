@@ -54,9 +54,11 @@ class WhilePaused:
 
 
 # -- execute ------------------------------------------------------------------------------
-async def hard_reset_fleet(fleet: Fleet, options: ResetOptions, evidence: Evidence | None = None) -> Receipt:
+async def hard_reset_fleet(fleet: Fleet, options: ResetOptions, evidence: Evidence | None = None,
+                           on_plan: Callable[[Plan], None] | None = None) -> Receipt:
     """Plan, then (unless dry-run or the plan failed) execute and verify. `evidence`: canaries primed
-    before the update (kvctl.reset.evidence), checked instead of fresh ones."""
+    before the update (kvctl.reset.evidence), checked instead of fresh ones. `on_plan`: called with
+    the plan before anything is paused or sent (the CLI says its pause notes there)."""
     async with shared_pool(hosts=len(fleet.replicas)) as http:  # large fleets: the aiohttp transport
         # The clock starts once the transport is loaded: importing it is start-up (aiohttp ~70 ms,
         # once per process, as httpcore's import for small fleets), not part of a reset.
@@ -64,6 +66,8 @@ async def hard_reset_fleet(fleet: Fleet, options: ResetOptions, evidence: Eviden
         plan = await planning.plan_reset(fleet, options, http)
         if plan.error or options.dry_run:
             return receipt_without_execution(plan, fleet, time.perf_counter() - start)
+        if on_plan is not None:
+            on_plan(plan)
         return await execute_plan(plan, fleet, start, http, evidence=evidence)
 
 
@@ -388,7 +392,7 @@ async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: Rese
     version = parse_version(rp.version or "0")  # parsed once per fleet (cached), not once per call
     outcome: CallOutcome
     if op.op == "pause":
-        outcome = await client.pause(version, opts.pause_timeout, opts.pause_mode)
+        outcome = await client.pause(version, opts.pause_timeout, rp.pause_mode)
     elif op.op == "resume":
         outcome = await client.resume()
     elif op.op == "prefix_cache":

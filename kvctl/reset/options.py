@@ -32,7 +32,9 @@ class ResetOptions:
     # How kvctl's own pause treats in-flight requests: "wait" lets them finish (up to pause_timeout:
     # a long agentic request holds the fleet paused that long); "keep" freezes them in place and the
     # prefix-cache reset preempts them (they are recomputed after the resume, with the new weights).
-    pause_mode: str = "wait"
+    # None: per release and replica (vllm_client.pause_mode_for): wait, or keep where a wait pause rejects
+    # new requests (0.33+) and the running ones may be preempted (no KV connector).
+    pause_mode: str | None = None
     # Nothing is reset: the canaries of an Evidence and the master's count judge a reset someone
     # else ran (the trainer's own, or one kvctl ran while the fleet was paused). kvctl evidence check.
     check_only: bool = False
@@ -56,7 +58,7 @@ class ResetOptions:
         if self.probe_prompts is not None and not self.verify:
             raise UsageError("probe prompts check the reset by content: they need verify",
                              "add --verify, or run kvctl probe on its own")
-        if self.pause_mode not in PAUSE_MODES:
+        if self.pause_mode is not None and self.pause_mode not in PAUSE_MODES:
             raise UsageError(f"pause mode must be one of {', '.join(PAUSE_MODES)}, got {self.pause_mode!r}",
                              "wait: in-flight requests finish first; keep: they are frozen, preempted by the "
                              "reset and recomputed after the resume")
@@ -70,11 +72,6 @@ class ResetOptions:
         """vLLM's MooncakeStoreConnector.reset_cache wants generation paused first, so that no new
         puts are enqueued while the store drains: with --connector kvctl pauses unless told not to."""
         return (self.connector if self.pause is None else self.pause) and not self.check_only
-
-    @property
-    def drains(self) -> bool:
-        """kvctl's own pause lets in-flight requests finish: none holds blocks when the reset runs."""
-        return self.pausing and self.pause_mode == "wait"
 
 
 __all__ = ["ResetOptions"]

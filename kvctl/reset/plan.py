@@ -20,12 +20,13 @@ from kvctl.facts.compat import cache_prefix_of, layout_of
 from kvctl.reset.addresses import check_addresses, named_master_rpc
 from kvctl.reset.leader import MasterChoice, MasterNode
 from kvctl.reset.options import ResetOptions
+from kvctl.reset.pausing import pause_notes
 from kvctl.reset.scope import plan_scope
 from kvctl.reset.tenancy import plan_tenancy
 from kvctl.reset.window import read_window
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
-from kvctl.transport.vllm_client import ServerError, VllmClient, pause_params
+from kvctl.transport.vllm_client import ServerError, VllmClient, pause_mode_for, pause_params
 from kvctl.transport.vllm_weights import (
     MixedWeights,
     WeightRow,
@@ -61,6 +62,7 @@ class ReplicaPlan:
     window_note: str | None = None
     error: str | None = None  # could not be planned (unreachable, dev mode off, ...)
     weights: WeightState | None = None  # /weight_info's version, /weight_checker's digest (with verify)
+    pause_mode: str | None = None  # the mode kvctl's own pause uses on it (None: no pause; vllm_client.pause_mode_for)
 
     @property
     def has_store(self) -> bool:
@@ -80,6 +82,9 @@ class Plan:
     master_clear_scope: str | None = None
     master_rpc: str | None = None
     notes: list[str] = field(default_factory=list)
+    # What kvctl's pause does to client requests where it is not "wait: none fails" (kvctl.reset.pausing):
+    # said before anything is paused (the CLI prints them first)
+    pause_notes: list[str] = field(default_factory=list)
     error: str | None = None  # the whole plan failed: nothing will be sent
     hint: str | None = None
     # An HA group (or a lone master): every admin address given, what each said about leadership
@@ -129,6 +134,7 @@ async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None 
     if choice is not None and choice.error and uses_master(plan):  # the first thing to fix: said first
         plan.error = f"no Mooncake master to use: {choice.error}" + (f"; also: {plan.error}" if plan.error else "")
         plan.hint = choice.hint
+    plan.pause_notes = pause_notes(plan.replicas, options.pause_mode)
     return plan
 
 
@@ -260,7 +266,8 @@ def _replica_ops(version: Version, rp: ReplicaPlan, options: ResetOptions) -> li
     if options.check_only:
         return ops
     if options.pausing:
-        ops.append(_gated(version, "pause", "http.pause", pause_params(version, options.pause_mode)))
+        rp.pause_mode = pause_mode_for(version, options.pause_mode, can_preempt=rp.layout == [])
+        ops.append(_gated(version, "pause", "http.pause", pause_params(version, rp.pause_mode)))
     params: dict[str, Any] = {}
     if t.has(version, "http.reset_prefix_cache.reset_external"):
         external = bool(options.connector and rp.layout != [])
@@ -271,7 +278,7 @@ def _replica_ops(version: Version, rp: ReplicaPlan, options: ResetOptions) -> li
         # the engines (mooncake/store/scheduler.py:383, benchmarks/loop.py level g). With a connector
         # (or an unknown layout) kvctl never preempts: a reset under running requests then fails
         # honestly ({"success": false}) and a pause that drains them (mode wait) is the way.
-        preempt = rp.layout == [] and (not options.drains or rp.window == "paused")
+        preempt = rp.layout == [] and (rp.pause_mode != "wait" or rp.window == "paused")
         params = {"reset_running_requests": preempt, "reset_external": external}
     ops.append(PlannedOp("prefix_cache", params))
     if options.mm:

@@ -17,6 +17,7 @@ from packaging.version import Version
 
 from kvctl.errors import KvctlError
 from kvctl.facts.capabilities import table
+from kvctl.facts.pausing import pause_rejects
 from kvctl.facts.versions import version_from_server_payload
 from kvctl.transport.http import HttpClientBase, HttpPool, HttpResponse, TransportError
 
@@ -222,8 +223,9 @@ class VllmClient(HttpClientBase):
     async def reset_encoder_cache(self) -> CallOutcome:
         return await self.call("POST", "/reset_encoder_cache")
 
-    async def pause(self, version: Version, timeout: float = PAUSE_TIMEOUT, mode: str = "wait") -> CallOutcome:
-        """Pause generation, letting in-flight requests finish first (so none fails).
+    async def pause(self, version: Version, timeout: float = PAUSE_TIMEOUT, mode: str | None = None) -> CallOutcome:
+        """Pause generation so that no request fails: in-flight requests finish first (wait) or are
+        frozen in place (keep); `mode` None: the release's own choice (pause_mode_for).
 
         Waits up to `timeout` (not the short per-call one: the server may still be draining
         requests it has accepted), and is tried at most twice: a stuck pause must not hold the
@@ -295,15 +297,33 @@ class VllmClient(HttpClientBase):
 PAUSE_MODES = ("wait", "keep")  # kvctl's own pause: never "abort" (it would fail the requests)
 
 
-def pause_params(version: Version, mode: str = "wait") -> dict[str, Any]:
+def pause_mode_for(version: Version, requested: str | None = None, can_preempt: bool = False) -> str:
+    """The mode kvctl's pause uses on `version`: `requested` where given, else "wait" (in-flight
+    requests finish; new ones queue) unless a wait pause makes that release reject the requests that
+    arrive meanwhile (0.33+: 503 engine_paused, EngineCore._reject_add_while_paused) and the replica's
+    running requests may be preempted (`can_preempt`: no KV connector, kvctl.reset.plan): there "keep",
+    which queues new requests and freezes the running ones for the reset to preempt. With a connector
+    frozen requests keep their KV blocks (kvctl never preempts there), so "wait", the one mode that
+    drains them, stays the default, and the plan says its window's requests get 503
+    (kvctl.reset.pausing). Before 0.16 /pause has no mode: it waits (wait_for_inflight_requests=true)."""
+    if not table().has(version, "http.pause.mode"):
+        return "wait"
+    if requested is not None:
+        return requested
+    return "keep" if can_preempt and pause_rejects(version, "wait") else "wait"
+
+
+def pause_params(version: Version, mode: str | None = None) -> dict[str, Any]:
     """The version's way to say "wait for in-flight requests (or, mode keep, freeze them), keep the caches".
 
     clear_cache defaults to true in every release that takes it (vllm_facts.json), and from 0.23 a
     clearing pause also resets the connector: a master-wide remove_all on a shared Mooncake
-    master. kvctl clears what it means to clear itself, so it always says clear_cache=false."""
+    master. kvctl clears what it means to clear itself, so it always says clear_cache=false, as long
+    as the route takes it: marked DEPRECATED from 0.16.0, it is still passed to the engine and acted
+    on through 0.33.0 (http.pause.clear_cache_deprecated)."""
     params: dict[str, Any] = {}
     if table().has(version, "http.pause.mode"):
-        params["mode"] = mode
+        params["mode"] = pause_mode_for(version, mode)
     elif table().has(version, "http.pause.legacy_params"):
         params["wait_for_inflight_requests"] = True
     if table().has(version, "http.pause.clear_cache"):

@@ -15,7 +15,7 @@ import asyncio
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from kvctl.interrupt import signal_of
 from kvctl.reset.execute import WhilePaused, execute_plan
@@ -32,14 +32,18 @@ from kvctl.weights.receipt import StepResult, WeightsReceipt, WeightsReplica, re
 PHASES = ("pause", "reload", "version", "reset", "resume", "verify")  # always in the receipt (0.0: did not run)
 
 
-async def update_fleet(fleet: Fleet, options: WeightsOptions) -> WeightsReceipt:
-    """Plan, then (unless dry-run or refused) reload, reset, verify; the receipt says what happened."""
+async def update_fleet(fleet: Fleet, options: WeightsOptions,
+                       on_plan: Callable[[WeightsPlan], None] | None = None) -> WeightsReceipt:
+    """Plan, then (unless dry-run or refused) reload, reset, verify; the receipt says what happened.
+    `on_plan`: called with the plan before anything is paused (the CLI says its pause notes there)."""
     options.check()
     async with shared_pool(hosts=len(fleet.replicas)) as http:
         start = time.perf_counter()
         plan = await plan_update(fleet, options, http)
         if plan.error or options.dry_run:
             return receipt_without_execution(plan, time.perf_counter() - start)
+        if on_plan is not None:
+            on_plan(plan)
         return await _update(plan, fleet, start, http)
 
 

@@ -91,6 +91,13 @@ V_COLLECTIVE_RPC_ROUTE = (0, 10, 2)      # POST /collective_rpc (dev; vllm_facts
 V_WEIGHT_VERSION_ROUTES = (0, 27, 0)     # GET /weight_info, POST /update_weight_version (dev; rlhf router)
 V_WEIGHT_CHECKER_ROUTE = (0, 32, 0)      # POST /weight_checker (dev; rl/online/api_router.py)
 V_CACHE_PREFIX_READ = (0, 24, 0)         # MooncakeStoreConnector reads cache_prefix (store/worker.py:994)
+# A user pause in mode abort or wait answers every new request at once with a retryable RequestError
+# "engine_paused" (HTTP 503) until /resume; keep (and a sleep) queue them. EngineCore._reject_add_while_paused,
+# vllm/v1/engine/core.py:1796, and pause_generation's `reject_new_requests = mode != "keep"` (:2232) in 0.33.0;
+# absent in 0.32.0. The body: RequestError.to_exception -> RetryableRequestError (503) -> ErrorResponse.
+V_PAUSE_REJECTS_NEW = (0, 33, 0)
+PAUSE_REJECTING_MODES = ("abort", "wait")
+PAUSED_MESSAGE = "Generation is paused. Please retry after it resumes."
 # The parameters the double's checksums cover (vLLM hashes every named parameter of the model).
 WEIGHT_PARAMETERS = ("model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight", "lm_head.weight")
 
@@ -184,7 +191,9 @@ class VllmDouble(WeightsModel, DoubleServer):
             share block keys.
         api_key: ``--api-key``: protects ``/v1/*`` only (401 ``{"error": "Unauthorized"}``).
         healthy: ``False`` makes ``/health`` answer 503 (engine dead).
-        pause_timeout: how long ``/v1/completions`` waits while paused before answering 503.
+        pause_timeout: how long ``/v1/completions`` waits while paused before answering 503. From
+            0.33.0 a pause in mode ``abort`` or ``wait`` answers it 503 ``engine_paused`` at once
+            (counted in ``rejected_while_paused``); ``keep`` and a sleep still make it wait.
         kv_transfer_config: the full config to report in ``/server_info``; when given, the
             connector, children, ``kv_role`` and ``cache_prefix`` are read from it instead.
         dtype, device: ``model_config.dtype`` and ``device_config.device`` in ``/server_info``,
@@ -282,6 +291,8 @@ class VllmDouble(WeightsModel, DoubleServer):
         self.running = 0
         self.preempted = 0
         self.asleep = False  # /sleep (dev): offloads the weights; a request waits like a paused one
+        # Requests answered 503 engine_paused because they arrived during an abort/wait pause (0.33+)
+        self.rejected_while_paused = 0
 
     def __repr__(self) -> str:
         where = f" {self.url}" if self.port else ""
@@ -611,6 +622,9 @@ class VllmDouble(WeightsModel, DoubleServer):
                 "the completion). Please reduce the length of the messages or completion.",
                 "BadRequestError", None)
 
+        if self.paused and self.pause_mode in PAUSE_REJECTING_MODES and self.v >= V_PAUSE_REJECTS_NEW:
+            self.rejected_while_paused += 1
+            return self._error(503, PAUSED_MESSAGE, "ServiceUnavailableError")
         if self.paused or self.asleep:
             self.waiting += 1
             try:

@@ -362,6 +362,36 @@ def test_pause_timeout_and_mode_validation(client: httpx.Client) -> None:
         assert fleet.replicas[1].pause_mode == "abort"
 
 
+def test_from_0_33_a_pause_in_abort_or_wait_mode_rejects_new_requests_and_keep_queues_them(
+        client: httpx.Client) -> None:
+    """EngineCore._reject_add_while_paused (vllm/v1/engine/core.py:1796 in 0.33.0): 503 engine_paused
+    (retryable) at once, with vLLM's ErrorResponse body; keep, a sleep and 0.32 make it wait."""
+    new, old = VllmDouble("0.33.0", connector=None, pause_timeout=0.1), VllmDouble("0.32.0", connector=None,
+                                                                                 pause_timeout=0.1)
+    body = {"model": "double-model", "prompt": "a b", "max_tokens": 1}
+    with DoubleFleet(replicas=[new, old]) as fleet:
+        url_new, url_old = fleet.urls
+        for mode in ("abort", "wait"):
+            client.post(f"{url_new}/pause", params={"mode": mode, "clear_cache": "false"})
+            t0 = time.monotonic()
+            r = client.post(f"{url_new}/v1/completions", json=body)
+            assert time.monotonic() - t0 < 0.1 and r.status_code == 503
+            assert r.json() == {"error": {"message": "Generation is paused. Please retry after it resumes.",
+                                          "type": "ServiceUnavailableError", "param": None, "code": 503}}
+            client.post(f"{url_new}/resume")
+        assert new.rejected_while_paused == 2
+        new.pause_timeout = 5.0  # time for the resume below
+        client.post(f"{url_new}/pause", params={"mode": "keep"})
+        timer = threading.Timer(0.1, lambda: httpx.post(f"{url_new}/resume"))
+        timer.start()
+        assert client.post(f"{url_new}/v1/completions", json=body).status_code == 200  # queued, then served
+        timer.join()
+        client.post(f"{url_old}/pause", params={"mode": "wait"})
+        r = client.post(f"{url_old}/v1/completions", json=body)  # queued: the double's own wait ran out
+        assert r.status_code == 503 and "timed out waiting" in r.json()["error"]["message"]
+        assert new.rejected_while_paused == 2 and old.rejected_while_paused == 0
+
+
 def test_pause_with_clear_cache_resets_the_connector_from_0_23(client: httpx.Client) -> None:
     store_22, store_23 = SharedStore(), SharedStore()
     with DoubleFleet(replicas=[VllmDouble("0.22.0", store=store_22),

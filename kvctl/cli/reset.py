@@ -236,12 +236,13 @@ def print_windows(receipt: Any) -> None:
     from kvctl.reset.window import describe
 
     for r in receipt.replicas:
-        if r.window in (None, "serving") and not r.unproven and not r.pending:
+        if r.window in (None, "serving") and not r.unproven and not r.pending and not r.rejected:
             continue
         lines = [f"{escape(r.name)}: {escape(describe(r.window))}"]
         lines += [f"  [green]proven[/] {escape(p)}" for p in r.proven]
         lines += [f"  [yellow]unproven[/] {escape(u)}" for u in r.unproven]
         lines += [f"  [yellow]pending[/] {escape(r.pending)}"] if r.pending else []
+        lines += [f"  [yellow]rejected[/] {escape(r.rejected)}"] if r.rejected else []
         output.show("\n".join(lines))
 
 

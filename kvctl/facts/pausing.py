@@ -16,6 +16,13 @@ from kvctl.facts.versions import parse_version
 FACT = "pause.rejects_new_requests"
 
 
+# Read in vLLM 0.33.0: OutputProcessor.process_outputs hands a request rejected on arrival its error and
+# `continue`s before _update_stats_from_finished, so vllm:request_success{finished_reason="error"} and every
+# other metric miss it (the rejection itself is not logged either, core.py:1796).
+REJECTED_UNCOUNTED = ("vLLM counts none of them (vllm/v1/engine/output_processor.py:765 finishes a request rejected "
+                      "on arrival before any metric), so only the clients that got the 503 know")
+
+
 def pause_rejects(version: str | Version, mode: str) -> bool:
     """Does a /pause in `mode` make `version` answer every new request with 503 engine_paused until
     /resume, instead of queueing it?"""
@@ -30,4 +37,4 @@ def pause_rejection_source(version: str | Version) -> str | None:
     return None if row is None else f"{row.get('file', '?')}:{row.get('line', '?')}"
 
 
-__all__ = ["pause_rejection_source", "pause_rejects"]
+__all__ = ["REJECTED_UNCOUNTED", "pause_rejection_source", "pause_rejects"]

@@ -31,6 +31,9 @@ def receipt_metrics(receipt: Any, prefix: str = "kvctl/") -> dict[str, float]:
         "owner_paused_replicas": float(sum(r.window in ("paused", "asleep") for r in replicas)),
         "total_s": float(receipt.total_s),
         "paused_s": float(receipt.paused_s or 0.0),
+        # replicas whose new requests kvctl's pause answered with 503 (vLLM >= 0.33, mode wait), and for how long
+        "rejecting_replicas": float(len(receipt.rejecting)),
+        "rejecting_s": float(max((r.rejecting_s or 0.0 for r in replicas), default=0.0)),
         "keys_before": float(master.keys_before or 0) if master else 0.0,
         "keys_removed": float(master.removed_count or 0) if master else 0.0,
         "keys_after": float(master.keys_after or 0) if master else 0.0,

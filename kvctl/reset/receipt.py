@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from kvctl.facts.pausing import REJECTED_UNCOUNTED, pause_rejection_source, pause_rejects
 from kvctl.reset.leader import MasterNode
 from kvctl.reset.plan import Plan, plain_data
 from kvctl.targets import Fleet
@@ -67,6 +68,10 @@ class ReplicaReceipt:
     unproven: list[str] = field(default_factory=list)
     pending: str | None = None
     stale: bool = False  # seen serving KV from before the reset (canary hit, STALE probe, keys left in a quiet store)
+    # Seconds kvctl's pause made this replica answer every new request with 503 engine_paused (vLLM >= 0.33 in
+    # mode wait/abort), and the sentence saying so: vLLM counts no such request, so no number of them exists
+    rejecting_s: float | None = None
+    rejected: str | None = None
 
 
 @dataclass
@@ -124,6 +129,11 @@ class Receipt:
         return [r.name for r in self.replicas if r.reset and r.pending]
 
     @property
+    def rejecting(self) -> list[str]:
+        """Replicas whose new requests kvctl's pause answered with 503 engine_paused while it lasted."""
+        return [r.name for r in self.replicas if r.rejecting_s is not None]
+
+    @property
     def stale(self) -> list[str]:
         """Replicas seen serving KV from before the reset (a canary hit, a STALE probe)."""
         return [r.name for r in self.replicas if r.stale]
@@ -170,6 +180,7 @@ def conclude(plan: Plan, replicas: list[ReplicaReceipt], master: MasterReceipt |
         master_ok = master_ok and master.verified if master.verified is not None else (master_ok and None)
     plans = {r.name: r for r in plan.replicas}
     _record_weights(plan, replicas)
+    _record_rejections(plans, replicas, paused_s)
     mixed = {} if opts.allow_mixed_weights or not opts.verify else \
         {name: m.problem for m in plan.weights_mixed for name in m.replicas}
     for rr in replicas:
@@ -251,6 +262,20 @@ def _record_proof(rr: ReplicaReceipt, master: MasterReceipt | None, master_ok: b
     if judged and master_ok is None and (rr.canary is None or not rr.canary.ok):
         rr.unproven.append("store: the fleet was generating, so the master's count proves nothing, and no canary "
                            "proved it either")
+
+
+def _record_rejections(plans: dict[str, Any], replicas: list[ReplicaReceipt], paused_s: float | None) -> None:
+    """Where kvctl's pause rejected new requests (its mode on its release), say for how long. The count cannot
+    be known: vLLM finishes a request rejected on arrival before any statistic (REJECTED_UNCOUNTED)."""
+    for rr in replicas:
+        rp = plans[rr.name]
+        paused = any(o.op == "pause" and o.result == "ok" for o in rr.ops)
+        if paused and paused_s is not None and rp.version and rp.pause_mode and pause_rejects(rp.version,
+                                                                                               rp.pause_mode):
+            rr.rejecting_s = paused_s
+            rr.rejected = (f"every request that reached it during kvctl's {paused_s:.2f} s pause (mode "
+                           f"{rp.pause_mode}) was answered HTTP 503 engine_paused ({pause_rejection_source(rp.version)}); "
+                           f"how many cannot be known: {REJECTED_UNCOUNTED}")
 
 
 def _record_weights(plan: Plan, replicas: list[ReplicaReceipt]) -> None:

@@ -100,6 +100,7 @@ def test_on_033_without_a_connector_the_default_is_keep_and_no_concurrent_reques
         receipt = reset(urls, None)
     assert receipt.ok, receipt.summary
     assert traffic.answers and not traffic.failed, traffic.failed[:3]
+    assert receipt.rejecting == []  # keep queues: nothing to report
     for r in replicas:
         assert r.calls_to("/pause")[0].query == {"mode": "keep", "clear_cache": "false"}
         assert r.calls_to("/reset_prefix_cache")[0].query["reset_running_requests"] == "true"
@@ -127,6 +128,14 @@ def test_on_033_with_the_store_connector_the_pause_drains_and_says_first_that_it
         assert r.calls_to("/reset_prefix_cache")[0].query["reset_running_requests"] == "false"  # never preempted
     assert traffic.failed and all(a == (503, PAUSED_BODY) for a in traffic.failed)
     assert len(traffic.failed) == sum(r.rejected_while_paused for r in replicas)
+    # the receipt says where and how long requests were rejected, and why it cannot say how many
+    assert sorted(receipt.rejecting) == sorted(r.name for r in receipt.replicas)
+    for rr in receipt.replicas:
+        assert rr.rejecting_s == receipt.paused_s and rr.rejecting_s >= PAUSED_WINDOW_S
+        assert "503 engine_paused (vllm/v1/engine/core.py:1796)" in rr.rejected
+        assert "output_processor.py:765" in rr.rejected
+    metrics = receipt.metrics()
+    assert metrics["kvctl/rejecting_replicas"] == 2.0 and metrics["kvctl/rejecting_s"] == receipt.paused_s
 
 
 def test_on_032_the_default_stays_wait_and_nothing_is_said(doubles: DoubleFleet) -> None:
@@ -140,6 +149,8 @@ def test_on_032_the_default_stays_wait_and_nothing_is_said(doubles: DoubleFleet)
         assert r.calls_to("/reset_prefix_cache")[0].query["reset_running_requests"] == "false"  # drained
         assert arrived_while_paused(r) > 0
     assert receipt.plan.pause_notes == []
+    assert receipt.rejecting == [] and all(rr.rejected is None for rr in receipt.replicas)
+    assert receipt.metrics()["kvctl/rejecting_replicas"] == 0.0
 
 
 # -- what the user asks for ----------------------------------------------------------------------
@@ -186,10 +197,12 @@ def test_the_cli_says_the_pause_note_before_it_pauses(doubles: DoubleFleet, cli)
     result = cli("reset", "--url", urls[0], "--master", master, "--connector")
     assert result.exit_code == 0, result.output
     assert "note:" in result.stderr and "503 engine_paused" in result.stderr
+    assert "rejected every request that reached it during kvctl's" in " ".join(result.stdout.split())
     dry = cli("reset", "--url", urls[0], "--master", master, "--connector", "--pause-mode", "wait", "--dry-run")
     assert "--pause-mode=wait" in dry.stdout and "503" in dry.stdout
     data = json.loads(cli("reset", "--url", urls[0], "--master", master, "--connector", "--json").stdout)
     assert data["plan"]["pause_notes"] and data["plan"]["replicas"][0]["pause_mode"] == "wait"
+    assert data["replicas"][0]["rejecting_s"] > 0 and "cannot be known" in data["replicas"][0]["rejected"]
 
 
 def test_weights_update_follows_the_same_rule(doubles: DoubleFleet, tmp_path: Path) -> None:

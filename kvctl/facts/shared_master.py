@@ -6,7 +6,9 @@ From vLLM 0.23.0 MooncakeStoreConnector.reset_cache() is a master-wide `remove_a
 (reset_prefix_cache(reset_connector=True), HTTP reset_external=true: verl sends it after every
 weight sync), a sleep at level >= 1 (EngineCore.sleep -> pause_scheduler(clear_cache=level >= 1)) and
 a pause with its default clear_cache=true (_finish_pause -> _reset_caches(reset_connector=True)), the
-last two from 0.23.0 (capability http.pause.clear_cache_resets_connector; FACTS sections 2, 9).
+last two from 0.23.0 (capability http.pause.clear_cache_resets_connector; FACTS sections 2, 9). From
+0.34.0 /sleep takes reset_connector (default true; dev/sleep/api_router.py:31): a sleep wipes only
+with its default.
 
 What isolates (measured on a real mooncake_master 0.3.13.post1, docs/reset.md "Shared masters"): a
 master per deployment; or, from vLLM 0.28 (it reads tenant_id from mooncake.json and sets its store
@@ -36,6 +38,10 @@ QUOTA_FILE = "version: 1, tenants: [{name: TENANT, quota: 4GB}, ...]"
 CONNECTOR_RESET = ("connector reset (POST /reset_prefix_cache?reset_external=true; Python "
                    "reset_prefix_cache(reset_connector=True), which verl sends after every weight sync)")
 SLEEP = "sleep (POST /sleep, level 1 or 2; Python sleep(level>=1))"
+# From vLLM 0.34.0 a sleep can keep the connector (SLEEP_KEEPS): only its default still wipes.
+SLEEP_KEEPS = "http.sleep.reset_connector"
+SLEEP_DEFAULT = ("sleep with the default reset_connector=true (POST /sleep, level 1 or 2, without "
+                 "reset_connector=false; Python sleep(level>=1))")
 DEFAULT_PAUSE = ("pause with the default clear_cache=true (POST /pause without clear_cache=false; "
                  "Python pause_generation())")
 
@@ -53,7 +59,8 @@ class MasterWipe:
     @property
     def call_names(self) -> str:
         """'sleep, default pause, connector reset' (short, for tables)."""
-        short = {CONNECTOR_RESET: "connector reset", SLEEP: "sleep", DEFAULT_PAUSE: "default pause"}
+        short = {CONNECTOR_RESET: "connector reset", SLEEP: "sleep", SLEEP_DEFAULT: "default sleep",
+                 DEFAULT_PAUSE: "default pause"}
         return ", ".join(short[c] for c in self.calls)
 
     def message(self, who: str | None = None) -> str:
@@ -72,7 +79,8 @@ def master_wipe(version: str | Version, layout: Iterable[str] | None) -> MasterW
     wide = [n for n in (layout or ()) if t.connector_reset_is_master_wide(v, n)]
     if not wide:
         return None
-    calls = [SLEEP, DEFAULT_PAUSE] if t.has(v, PAUSE_RESETS) else []
+    sleep = SLEEP_DEFAULT if t.has(v, SLEEP_KEEPS) else SLEEP
+    calls = [sleep, DEFAULT_PAUSE] if t.has(v, PAUSE_RESETS) else []
     since, source = _first_master_wide(wide[0])
     return MasterWipe(str(v), wide[0], tuple(calls + [CONNECTOR_RESET]), since, source)
 
@@ -81,6 +89,19 @@ def isolation(version: str | Version | None = None) -> str:
     """What keeps other deployments' keys, said for `version` (None: any release)."""
     private = "give each deployment its own Mooncake master (kvctl serve starts one per run)"
     tenant_since = table().capability(TENANT).span.since
+    return _isolation(version, private, tenant_since) + _sleep_keeps(version)
+
+
+def _sleep_keeps(version: str | Version | None) -> str:
+    """From 0.34.0 a trainer that sleeps its engines can stop that one wipe (not its connector resets)."""
+    since = table().capability(SLEEP_KEEPS).span.since
+    if version is not None and not table().has(parse_version(version), SLEEP_KEEPS):
+        return ""
+    return (f"; from vLLM {since} a trainer's sleep can also spare the store (POST /sleep?reset_connector=false, "
+            "LLM.sleep(reset_connector=False)), though its connector resets still wipe it")
+
+
+def _isolation(version: str | Version | None, private: str, tenant_since: str) -> str:
     if version is not None and not table().has(parse_version(version), TENANT):
         return (f"{private}; Mooncake tenants need vLLM >= {tenant_since} (the first to read tenant_id), "
                 "so on this release a private master is the only isolation")

@@ -2,25 +2,37 @@
 
 Two resets of one fleet at once harm each other: the second sees the first's pause, takes it for
 the owner's, resets without pausing and leaves the replica to the first, which resumes it while the
-second still works. So a reset holds an exclusive lock per replica URL from before its pause to after
-its resume, and a second reset of any of those replicas is refused. The locks are POSIX byte-range
-locks on one file (the state dir's locks/reset.lock), one byte per URL (at an offset from its hash):
-one open file whatever the fleet's size (a 1024-replica reset must stay within the open-file
-limit), released by the kernel when the process ends, however it ends. Resets started from other
-machines are not seen: run a fleet's resets from one place.
+second still works. So a reset (and a weight update, which runs the reset's executor) holds an
+exclusive lock per replica from before its pause to after its resume, and a second one of any of
+those replicas is refused. The locks are POSIX byte-range locks on one file (the state dir's
+locks/reset.lock), one byte per endpoint key (at an offset from its hash): one open file whatever the
+fleet's size (a 1024-replica reset must stay within the open-file limit), released by the kernel
+when the process ends, however it ends. Resets started from other machines are not seen: run a
+fleet's resets from one place.
+
+A lock names the server, not the URL's text (`endpoint_keys`): `http://localhost:8000`,
+`http://127.0.0.1:8000/` and `HTTP://[::1]:8000` are one server. The host is resolved to its
+addresses, and every address of this machine (loopback, 0.0.0.0, an address of its own interfaces)
+is one host, `local`; the port is made explicit (80, 443); the scheme is left out (one port is one
+server) and so are trailing slashes. A URL is locked under every key its host resolves to, so two
+names that share one address collide. A name that does not resolve keeps its lower-cased text.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kvctl.state import state_dir
 
 LOCKS = "locks"
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class Busy(Exception):
@@ -31,21 +43,78 @@ class Busy(Exception):
         self.url = url
 
 
+def endpoint_keys(url: str) -> list[str]:
+    """The lock keys of the server `url` names: `<address>:<port><path>` for each address its host
+    resolves to (`local` for this machine's own), sorted."""
+    text = url.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        port = parts.port
+    except ValueError:  # not a port: the reset cannot reach it either; its text is its key
+        return [text.lower().rstrip("/")]
+    host = (parts.hostname or "").lower()
+    port = port if port is not None else DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+    path = "/".join(p for p in parts.path.split("/") if p)
+    tail = f":{port}" + (f"/{path}" if path else "")
+    return sorted({f"{_host_key(address)}{tail}" for address in _addresses(host, port)})
+
+
+def _addresses(host: str, port: int) -> set[str]:
+    try:
+        return {str(ipaddress.ip_address(host))}
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return {host}
+    return {str(info[4][0]).split("%")[0] for info in found} or {host}
+
+
+def _host_key(address: str) -> str:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address  # a name that did not resolve
+    if ip.is_loopback or ip.is_unspecified or _is_own(ip):
+        return "local"
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
+def _is_own(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """An address of one of this machine's interfaces: only those can be bound."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(ip), 0))
+        return True
+    except OSError:
+        return False
+
+
 @contextmanager
 def reset_lock(urls: list[str], override: str | Path | None = None) -> Iterator[None]:
-    """Hold the reset lock of every URL; Busy at once when another process holds one."""
+    """Hold the reset lock of every replica (each of its endpoint keys); Busy at once, naming the
+    URL as given, when another process holds one."""
     import fcntl
 
+    keys: dict[str, str] = {}
+    for url in urls:
+        for key in endpoint_keys(url):
+            keys.setdefault(key, url)
     folder = state_dir(override) / LOCKS
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(folder / "reset.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        for url in sorted(set(urls)):
-            offset = int(hashlib.sha1(url.encode()).hexdigest()[:10], 16)  # < 2**40: one byte per URL
+        for key in sorted(keys):
+            offset = int(hashlib.sha1(key.encode()).hexdigest()[:10], 16)  # < 2**40: one byte per key
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
             except OSError:  # EAGAIN / EACCES: held by another process
-                raise Busy(url) from None
+                raise Busy(keys[key]) from None
         yield
     finally:
         os.close(fd)  # releases every lock this process holds on the file
+
+
+__all__ = ["Busy", "endpoint_keys", "reset_lock"]

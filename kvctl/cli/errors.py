@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -17,7 +18,7 @@ from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, KvctlError
 
 F = TypeVar("F", bound=Callable[..., Any])
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "debug_enabled", "exit_interrupted", "finish_with_receipt",
-           "handle_errors"]
+           "handle_errors", "SignalInterrupt"]
 
 
 def debug_enabled() -> bool:
@@ -25,37 +26,85 @@ def debug_enabled() -> bool:
 
 
 def handle_errors(func: F) -> F:
-    """Wrap a command: KvctlError -> message on stderr + its exit code; no traceback."""
+    """Wrap a command: KvctlError -> message on stderr + its exit code; no traceback. With --json (or
+    -o json: kvctl.cli.options.output_options sets json_out), every way the command can end without
+    its result prints the JSON error object on stdout too: a refused command, an internal error, and
+    SIGINT, SIGTERM or SIGHUP (`{"interrupted": "SIGTERM", ...}`, exit 128 + the signal's number)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        json_out = bool(kwargs.get("json_out"))
         try:
-            return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            with _signals_interrupt(json_out):
+                return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
             raise
+        except KeyboardInterrupt as exc:
+            if not json_out:
+                raise
+            exit_interrupted(exc, True, "the command ended before its result")
         except KvctlError as exc:
             if debug_enabled():
                 raise
-            if kwargs.get("json_out") and not getattr(exc, "json_reported", False):
+            if json_out and not getattr(exc, "json_reported", False):
                 _print_json_error(exc)  # scripts read stdout: an error there too, not an empty stream
             _print_error(exc.message, exc.hint)
             raise typer.Exit(exc.exit_code) from None
         except Exception as exc:  # a bug: say so briefly, full story with --debug
             if debug_enabled():
                 raise
-            _print_error(f"internal error: {type(exc).__name__}: {exc}",
-                         "rerun with --debug for the traceback, and report it")
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            fix = "rerun with --debug for the traceback, and report it"
+            if json_out:
+                _print_json_fields(message, fix, EXIT_FAILED)
+            _print_error(message, fix)
             raise typer.Exit(EXIT_FAILED) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+class SignalInterrupt(KeyboardInterrupt):
+    """SIGTERM or SIGHUP ending a --json command, raised where it runs as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@contextmanager
+def _signals_interrupt(json_out: bool) -> Iterator[None]:
+    """With --json, SIGTERM and SIGHUP (whose default ends Python without a word) raise SignalInterrupt,
+    so that the command ends with a JSON object on stdout. SIGINT already raises KeyboardInterrupt;
+    an operation under kvctl.interrupt handles all three itself meanwhile. The handlers before are put
+    back (in-process callers: tests, a --watch loop)."""
+    import signal
+
+    names = ("SIGTERM", "SIGHUP") if json_out else ()
+    previous = {}
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise SignalInterrupt(signal.Signals(signum).name)
+
+    for name in names:
+        if hasattr(signal, name):
+            try:
+                previous[name] = signal.signal(getattr(signal, name), interrupt)
+            except ValueError:  # not the main thread: the default stays
+                pass
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
 def exit_interrupted(exc: BaseException, json_out: bool, what: str) -> NoReturn:
-    """A signal ended an operation before it had a receipt (kvctl.interrupt): say so, on stdout as
-    JSON with --json, and exit 128 + the signal's number."""
+    """A signal ended an operation before it had a receipt (kvctl.interrupt), or a --json command
+    before its result (SignalInterrupt, KeyboardInterrupt): say so, on stdout as JSON with --json,
+    and exit 128 + the signal's number."""
     from kvctl.interrupt import exit_code_for, signal_of
 
-    name = signal_of(exc) or "SIGINT"
+    name = getattr(exc, "signal_name", None) or signal_of(exc) or "SIGINT"
     code = exit_code_for(name)
     summary = f"interrupted by {name}: {what}"
     if json_out:

@@ -5,7 +5,8 @@
   `kvctl --debug reset ...`;
 * every usage error click or Typer raises (no such option or command, missing or extra argument, bad
   value), from the root or any command under it, printed as kvctl prints its own errors (`error:` /
-  `  fix:`, exit 2), and with `--json` on the command line also as the JSON error object on stdout.
+  `  fix:`, exit 2), and when the command line asks for JSON (`json_asked`: --json, -o json,
+  --output json, --output=json, -ojson, any case) also as the JSON error object on stdout.
 
 Errors are caught in make_context (the root's own options) and invoke (every subcommand's context is
 made inside it), so this holds for `kvctl` run from a shell and for CliRunner.invoke(app) in tests.
@@ -19,9 +20,11 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-__all__ = ["KvctlGroup"]
+__all__ = ["KvctlGroup", "json_asked"]
 
 DEBUG_FLAG = "--debug"
+OUTPUT_OPTIONS = ("--output", "-o")  # kvctl.cli.options.OutputOpt: `-o json` is --json
+VALUED_SHORT = "n"  # short options that take a value (logs -n N): a cluster ends at one
 
 
 def _usage_error_class() -> type[Exception]:
@@ -41,7 +44,7 @@ class KvctlGroup(TyperGroup):
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         args = hoist_debug(list(args)) if parent is None else list(args)
-        self._json_asked = "--json" in _before_double_dash(args)
+        self._json_asked = json_asked(args)
         if parent is None:
             words = command_words(self, args)
             self._command_path = " ".join([info_name or self.name or "kvctl", *words])
@@ -83,6 +86,32 @@ def hoist_debug(args: list[str]) -> list[str]:
     if DEBUG_FLAG not in head:
         return args
     return [DEBUG_FLAG, *[a for a in head if a != DEBUG_FLAG], *args[len(head):]]
+
+
+def json_asked(args: Sequence[str]) -> bool:
+    """Whether the arguments ask for JSON, in any spelling click parses as it: --json, --output json,
+    --output=json, -o json, -ojson, and -o at the end of a cluster of flags (-qo json, -qojson); the
+    value in any case (-o is case-insensitive). Read from the raw arguments: a usage error can come
+    before click has parsed -o, and the answer to it must be JSON all the same."""
+    head = _before_double_dash(args)
+    for i, arg in enumerate(head):
+        value: str | None = None
+        if arg == "--json":
+            return True
+        if arg.startswith("--output="):
+            value = arg.partition("=")[2]
+        elif arg in OUTPUT_OPTIONS:
+            value = head[i + 1] if i + 1 < len(head) else None
+        elif arg.startswith("-") and not arg.startswith("--"):
+            for j, letter in enumerate(arg[1:], start=1):
+                if letter in VALUED_SHORT:
+                    break
+                if letter == "o":
+                    value = arg[j + 1:] or (head[i + 1] if i + 1 < len(head) else None)
+                    break
+        if value is not None and value.lower() == "json":
+            return True
+    return False
 
 
 def command_words(root: Any, args: Sequence[str]) -> list[str]:

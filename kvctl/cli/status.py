@@ -104,7 +104,11 @@ def _watch(check: Callable[[], Any], interval: float, count: int | None, json_ou
             if count is not None and done >= count:
                 return int(result.exit_code)
             time.sleep(interval)
-    except KeyboardInterrupt:  # the way to stop watching: not a failure
+    except KeyboardInterrupt as exc:  # Ctrl-C: the way to stop watching, not a failure
+        from kvctl.cli.errors import SignalInterrupt
+
+        if isinstance(exc, SignalInterrupt):  # SIGTERM/SIGHUP under --json: handle_errors says so
+            raise
         return 0
 
 

@@ -107,25 +107,15 @@ def master_endpoints(master: str, flag: str = "--master-rpc") -> list[tuple[str,
     return out
 
 
-# mooncake_master flags kvctl sets itself (MasterProcess; the HTTP metadata ones with --metadata http):
-# a second copy would move the master off the addresses kvctl records, or beyond loopback.
-OWNED_MASTER_FLAGS = ("rpc_address", "rpc_port", "metrics_host", "metrics_port", "logtostderr",
-                      "enable_http_metadata_server", "http_metadata_server_port", "http_metadata_server_host")
-
-
 def check_master_args(spec: ServeSpec) -> None:
-    """--master-arg: gflags `--name=value` (or `--name` for a boolean), only for a master kvctl starts."""
+    """--master-arg: gflags `--name=value` (or `--name` for a boolean), only for a master kvctl starts; every
+    flagfile replaced by the flags it holds, all checked (kvctl.serve.master_args)."""
+    from kvctl.serve.master_args import checked_master_args
+
     if spec.master_args and spec.master != "embedded":
         raise UsageError("--master-arg sets flags of the master kvctl serve starts (--master embedded), "
                          f"not of the one at {spec.master}", "pass those flags to that master where it is started")
-    for arg in spec.master_args:
-        name = arg.split("=", 1)[0].lstrip("-")
-        if not arg.startswith("-") or not name or not name.replace("_", "").isalnum():
-            raise UsageError(f"--master-arg {arg!r} is not a mooncake_master flag",
-                             "give it as --master-arg=--NAME=VALUE, e.g. --master-arg=--eviction_high_watermark_ratio=0.9")
-        if name in OWNED_MASTER_FLAGS:
-            raise UsageError(f"--master-arg {arg}: kvctl serve sets --{name} itself",
-                             "use --host for the master's address; its ports are chosen free and recorded")
+    spec.master_args = checked_master_args(spec.master_args, spec.allow_remote_admin)
 
 
 def check_servable(spec: ServeSpec) -> None:

@@ -108,11 +108,28 @@ class _Reload:
             row.set_version = StepResult("skipped")
             return _op(outcome, None, detail)
         row.set_version = StepResult("interrupted")
-        answer = await _timed(row.set_version, client.update_weight_version(self.opts.version))
+        answer = await _timed(row.set_version, _set_version(client, self.opts.version))
         error = reset_answer_error(answer)
         row.set_version.result, row.set_version.error = ("failed", error) if error else ("ok", None)
         detail += f", version={self.opts.version}"
         return _op(answer, f"reloaded, but /update_weight_version failed: {error}" if error else None, detail)
+
+
+async def _set_version(client: VllmClient, version: str) -> CallOutcome:
+    """/update_weight_version, then /weight_info read back: vLLM's success answer is not taken for the
+    label (an outcome whose `error` says what /weight_info reports instead)."""
+    answer = await client.update_weight_version(version)
+    if reset_answer_error(answer):
+        return answer
+    try:
+        found = await client.weight_info()
+    except ServerError as exc:
+        found, why = None, f"/weight_info could not be read back: {exc.message}"
+    else:
+        why = f"/update_weight_version answered success, but /weight_info reports {found!r}"
+    if found != version:
+        answer.error = why
+    return answer
 
 
 async def _timed(record: StepResult, call: Awaitable[CallOutcome]) -> CallOutcome:
@@ -206,11 +223,19 @@ def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, ste
         row.checksum_note = _checksum_note(b, a, receipt.interrupted)
         row.left_paused = row.name in step.failed and not step.resume_failed and receipt.interrupted is None
         reset_ok = bool(row.reset and row.reset.reset)
-        row.updated = (receipt.interrupted is None and row.reload.result == "ok"
+        label = _label_error(row, receipt.version)
+        row.updated = (receipt.interrupted is None and row.reload.result == "ok" and label is None
                        and row.set_version.result in ("ok", "skipped") and reset_ok and row.name not in odd)
-        row.error = _row_error(row, odd.get(row.name), reset_ok)
+        row.error = _row_error(row, odd.get(row.name) or label, reset_ok)
         steps.describe(row, receipt, fleet)
     verdict(receipt)
+
+
+def _label_error(row: WeightsReplica, version: str | None) -> str | None:
+    """A label set (and read back) inside the pause that /weight_info no longer reports after the resume."""
+    if version is None or row.set_version.result != "ok" or row.version_after in (None, version):
+        return None
+    return f"its /weight_info reports version {row.version_after!r} after the update, not {version!r}"
 
 
 def _row_error(row: WeightsReplica, odd: str | None, reset_ok: bool) -> str | None:

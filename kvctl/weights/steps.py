@@ -44,6 +44,10 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
         row.state = "reloaded, but its weights differ from the others': serving"
         row.next_steps = [f"reload it again: {redo}"]
         return
+    if row.error and "after the update, not" in row.error:
+        row.state = f"reloaded and its caches cleared, but {row.error.removeprefix('its ')}"
+        row.next_steps = [f"label it again: {redo}"]
+        return
     if row.reload.result == "ok":
         row.state = "runs the new weights, but its caches were NOT confirmed clear: it may serve KV of the old ones"
         row.next_steps = [f"clear them: {reset_command(fleet, row.url, receipt.verify)}"]

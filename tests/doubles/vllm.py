@@ -202,7 +202,8 @@ class VllmDouble(WeightsModel, DoubleServer):
         weights: which weights are loaded (default: ``model``); ``/weight_checker`` checksums derive
             from it, per worker (``tensor_parallel`` x ``data_parallel`` workers). ``rank_weights``
             (``{"dp1:pp0:pcp0:tp0:": "other"}``) gives one worker other weights; ``weight_version``
-            is what ``/weight_info`` reports (``"default"`` until set, as in vLLM).
+            is what ``/weight_info`` reports (``"default"`` until set, as in vLLM); ``version_sticks = True``
+            is a fault: ``/update_weight_version`` answers success and changes nothing.
             ``/collective_rpc reload_weights(weights_path=DIR)`` replaces it with DIR's weights
             (:mod:`tests.doubles.vllm_weights`); the prefix cache keeps the old weights' KV.
         weight_answers: completions derive from the weights that computed their KV, with
@@ -263,6 +264,8 @@ class VllmDouble(WeightsModel, DoubleServer):
         # Which weights are loaded (checksums derive from it); engine core starts at "default" (core.py:141)
         self.weights = weights if weights is not None else model
         self.weight_version = "default"
+        # A fault: /update_weight_version answers success and changes nothing (/weight_info keeps the old label)
+        self.version_sticks = False
         self.tensor_parallel, self.data_parallel = int(tensor_parallel), int(data_parallel)
         self.rank_weights: dict[str, str] = {}  # a worker (rank prefix) that holds other weights
         # /collective_rpc methods the double's workers know: name -> f(kwargs) -> one worker's result
@@ -758,7 +761,8 @@ class VllmDouble(WeightsModel, DoubleServer):
         version = body.get("new_version")
         if not isinstance(version, str):  # FastAPI's Body(embed=True) str: a 422 validation error
             return _validation_error("body.new_version", "string_type", "Input should be a valid string")
-        self.weight_version = version
+        if not self.version_sticks:
+            self.weight_version = version
         return web.json_response({"success": True, "new_version": version})
 
     async def _h_collective_rpc(self, request: web.Request, call: Call) -> web.Response:

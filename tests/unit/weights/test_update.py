@@ -99,8 +99,8 @@ def test_an_in_place_reload_leaves_stale_kv_and_the_update_leaves_none(cli, doub
     assert receipt["reset"]["master"]["verified"] is True
     for r in replicas:
         paths = [c.path for c in between(r, "/pause", "/resume")]
-        assert paths == ["/collective_rpc", "/update_weight_version", "/reset_prefix_cache", "/reset_mm_cache",
-                         "/reset_encoder_cache"], paths  # nothing served between the reload and the clear
+        assert paths == ["/collective_rpc", "/update_weight_version", "/weight_info", "/reset_prefix_cache",
+                         "/reset_mm_cache", "/reset_encoder_cache"], paths  # nothing served between reload and clear
         (reload,) = [c for c in r.calls if c.path == "/collective_rpc" and c.t > r.calls_to("/pause")[-1].t]
         assert reload.body == {"method": "reload_weights", "kwargs": {"weights_path": str(new.resolve())},
                                "timeout": 600.0}

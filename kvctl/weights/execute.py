@@ -25,7 +25,7 @@ from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
 from kvctl.transport.vllm_client import CallOutcome, ServerError, VllmClient, reset_answer_error
 from kvctl.transport.vllm_weights import WeightChecksums, summarise_checksums
-from kvctl.weights import steps
+from kvctl.weights import readback, steps
 from kvctl.weights.plan import ReplicaWeightsPlan, WeightsOptions, WeightsPlan, plan_update
 from kvctl.weights.receipt import StepResult, WeightsReceipt, WeightsReplica, receipt_without_execution, verdict
 
@@ -64,12 +64,17 @@ async def _update(plan: WeightsPlan, fleet: Fleet, start: float, http: HttpPool)
         plan.error, plan.hint = reset.plan.error, reset.plan.hint
         return receipt_without_execution(plan, time.perf_counter() - start)
     interrupted = _signal_name(reset.exit_code)
-    after: dict[str, tuple[WeightChecksums | None, dict[str, str] | None, str | None]] = {}
+    after: readback.Checksums = {}
+    changed, stale = None, False
     if interrupted is None:
         began = time.perf_counter()
         try:
-            await _read_versions_after(plan, by_name, http, rows)
             after = await _read_checksums(plan, by_name, http)
+            changed = readback.weights_changed(before, after, list(rows.values()))
+            stale = readback.stale_reload(list(rows.values()), opts.version, changed)
+            if stale:  # the old weights must not keep the new label
+                await readback.restore_labels(plan, by_name, http, rows)
+            await readback.read_after(plan, by_name, http, rows)
         except asyncio.CancelledError as exc:  # the update itself had finished: only the reading was cut short
             interrupted = signal_of(exc)
             if interrupted is None:
@@ -81,6 +86,7 @@ async def _update(plan: WeightsPlan, fleet: Fleet, start: float, http: HttpPool)
                              list(rows.values()), plan, reset, step.paused_s, interrupted=interrupted,
                              notes=list(plan.notes))
     receipt.exit_code = reset.exit_code
+    receipt.weights_changed, receipt.stale = changed, stale
     _fill_phases(receipt, step, phases)
     _judge(receipt, before, after, fleet, step)
     receipt.total_s = round(time.perf_counter() - start, 6)
@@ -108,28 +114,11 @@ class _Reload:
             row.set_version = StepResult("skipped")
             return _op(outcome, None, detail)
         row.set_version = StepResult("interrupted")
-        answer = await _timed(row.set_version, _set_version(client, self.opts.version))
+        answer = await _timed(row.set_version, readback.set_version(client, self.opts.version))
         error = reset_answer_error(answer)
         row.set_version.result, row.set_version.error = ("failed", error) if error else ("ok", None)
         detail += f", version={self.opts.version}"
         return _op(answer, f"reloaded, but /update_weight_version failed: {error}" if error else None, detail)
-
-
-async def _set_version(client: VllmClient, version: str) -> CallOutcome:
-    """/update_weight_version, then /weight_info read back: vLLM's success answer is not taken for the
-    label (an outcome whose `error` says what /weight_info reports instead)."""
-    answer = await client.update_weight_version(version)
-    if reset_answer_error(answer):
-        return answer
-    try:
-        found = await client.weight_info()
-    except ServerError as exc:
-        found, why = None, f"/weight_info could not be read back: {exc.message}"
-    else:
-        why = f"/update_weight_version answered success, but /weight_info reports {found!r}"
-    if found != version:
-        answer.error = why
-    return answer
 
 
 async def _timed(record: StepResult, call: Awaitable[CallOutcome]) -> CallOutcome:
@@ -182,22 +171,6 @@ async def _read_checksums(plan: WeightsPlan, by_name: dict[str, Replica], http: 
     return out
 
 
-async def _read_versions_after(plan: WeightsPlan, by_name: dict[str, Replica], http: HttpPool,
-                               rows: dict[str, WeightsReplica]) -> None:
-    opts = plan.reset.options
-    sem = asyncio.Semaphore(max_concurrency(len(plan.replicas), opts.concurrency))
-
-    async def one(rp: ReplicaWeightsPlan) -> None:
-        if rp.reports_version:
-            async with sem, replica_client(by_name[rp.name], opts, http) as client:
-                try:
-                    rows[rp.name].version_after = await client.weight_info()
-                except ServerError:
-                    rows[rp.name].version_after = None
-
-    await asyncio.gather(*(one(rp) for rp in plan.replicas))
-
-
 def _fill_phases(receipt: WeightsReceipt, step: WhilePaused, phases: dict[str, float]) -> None:
     """The fleet's phases: the executor's wall clocks, and the slowest replica's reload and version call."""
     rows = receipt.replicas
@@ -223,7 +196,8 @@ def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, ste
         row.checksum_note = _checksum_note(b, a, receipt.interrupted)
         row.left_paused = row.name in step.failed and not step.resume_failed and receipt.interrupted is None
         reset_ok = bool(row.reset and row.reset.reset)
-        label = _label_error(row, receipt.version)
+        label = (_stale_error(row, receipt.version) if receipt.stale and row.reload.result == "ok"
+                 else _label_error(row, receipt.version))
         row.updated = (receipt.interrupted is None and row.reload.result == "ok" and label is None
                        and row.set_version.result in ("ok", "skipped") and reset_ok and row.name not in odd)
         row.error = _row_error(row, odd.get(row.name) or label, reset_ok)
@@ -236,6 +210,12 @@ def _label_error(row: WeightsReplica, version: str | None) -> str | None:
     if version is None or row.set_version.result != "ok" or row.version_after in (None, version):
         return None
     return f"its /weight_info reports version {row.version_after!r} after the update, not {version!r}"
+
+
+def _stale_error(row: WeightsReplica, version: str | None) -> str:
+    same = f" (checksum {row.checksum_after} before and after)" if row.checksum_after else ""
+    return (f"its weights did not change{same}, and no replica's did: the folder holds the weights they already "
+            f"ran (a stale mirror of it?), so they are not version {version!r}")
 
 
 def _row_error(row: WeightsReplica, odd: str | None, reset_ok: bool) -> str | None:

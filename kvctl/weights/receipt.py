@@ -39,6 +39,8 @@ class WeightsReplica:
     reload: StepResult = field(default_factory=StepResult)
     set_version: StepResult = field(default_factory=StepResult)
     reset: ReplicaReceipt | None = None  # kvctl.reset's own record of this replica (ops, canary, probe)
+    label_restored: bool = False  # its old label was set back: the reload changed no replica's weights
+    label_restore_error: str | None = None  # why setting it back failed (it keeps the new label)
     left_paused: bool = False  # kvctl kept it paused (its reload failed): it serves nothing until resumed
     updated: bool = False  # reloaded, versioned (if asked), reset (and verified when asked)
     state: str = "not updated"  # one sentence: what it runs and whether it serves
@@ -72,6 +74,9 @@ class WeightsReceipt:
     paused_seconds: float | None = None  # the fleet's paused window: first pause sent -> last resume answered
     phases: dict[str, float] = field(default_factory=dict)
     checksums_match: bool | None = None  # every replica of one parallel layout reports the same weights after
+    # the reload changed some replica's weights (checksums before -> after); False: none; None: not known
+    weights_changed: bool | None = None
+    stale: bool = False  # it changed none, to a label none carried: not updated, labels set back
     interrupted: str | None = None  # the signal that ended it early
     notes: list[str] = field(default_factory=list)
     total_s: float = 0.0
@@ -89,7 +94,8 @@ class WeightsReceipt:
                 "from_path": self.from_path, "weights_path": self.weights_path, "dry_run": self.dry_run,
                 "verify": self.verify, "replicas": [r.to_dict() for r in self.replicas],
                 "not_updated": self.not_updated, "paused_seconds": self.paused_seconds, "phases": dict(self.phases),
-                "checksums_match": self.checksums_match, "interrupted": self.interrupted, "notes": list(self.notes),
+                "checksums_match": self.checksums_match, "weights_changed": self.weights_changed,
+                "stale": self.stale, "interrupted": self.interrupted, "notes": list(self.notes),
                 "total_s": self.total_s, "plan": self.plan.to_dict(),
                 "reset": self.reset.to_dict() if self.reset is not None else None}
 
@@ -126,13 +132,33 @@ def verdict(receipt: WeightsReceipt) -> None:
         receipt.summary = ("the replicas report different weights after the reload (their checksums differ): "
                            "the update failed; see each replica")
         return
+    if receipt.stale:
+        restored = [r.name for r in receipt.replicas if r.label_restored]
+        receipt.exit_code = EXIT_FAILED
+        receipt.summary = ("the reload changed no replica's weights (their checksums are the same before and after): "
+                           "the folder holds the weights they already ran (a stale mirror of it?), so they are not "
+                           f"version {receipt.version}; caches cleared"
+                           + (f"; old labels set back on {', '.join(restored)}" if restored else "")
+                           + "; see each replica")
+        return
     held = [r.name for r in receipt.replicas if r.left_paused]
     if len(done) == n:
-        receipt.exit_code, receipt.summary = EXIT_OK, f"{n}/{n} replica(s) {what}"
+        receipt.exit_code, receipt.summary = EXIT_OK, f"{n}/{n} replica(s) {what}" + _weights_words(receipt)
         return
     receipt.exit_code = EXIT_FAILED if not done else EXIT_PARTIAL
     receipt.summary = (f"{len(done)}/{n} replica(s) {what}; NOT updated: {', '.join(receipt.not_updated)}"
-                       + (f"; kept paused: {', '.join(held)}" if held else ""))
+                       + (f"; kept paused: {', '.join(held)}" if held else "") + _weights_words(receipt))
+
+
+def _weights_words(receipt: WeightsReceipt) -> str:
+    """What the checksums say of the reload, where they do not fail it: unchanged, or not checked."""
+    if receipt.weights_changed is False:
+        return ("; weights unchanged (equal checksums before and after: the folder holds the weights they "
+                "already ran)")
+    if receipt.weights_changed is None and any(r.reload.result == "ok" for r in receipt.replicas):
+        return ("; weights not checked: no replica reported checksums before and after the reload "
+                "(/weight_checker, vLLM >= 0.32.0), so only vLLM's answers say they changed")
+    return ""
 
 
 __all__ = ["StepResult", "WeightsReceipt", "WeightsReplica", "receipt_without_execution", "verdict"]

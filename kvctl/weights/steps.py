@@ -44,6 +44,14 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
         row.state = "reloaded, but its weights differ from the others': serving"
         row.next_steps = [f"reload it again: {redo}"]
         return
+    if row.error and "did not change" in row.error:
+        label = (f"its label set back to {row.version_before!r}" if row.label_restored
+                 else f"its label NOT set back ({row.label_restore_error})" if row.label_restore_error else "")
+        row.state = ("reloaded, but its weights did not change: it runs the weights it ran before"
+                     + (f", {label}" if label else "") + f", caches cleared{_serving(row)}")
+        row.next_steps = [(f"put the new weights in the folder on every server (check its *.safetensors), then: "
+                           f"{update_command(receipt, fleet, None)}")]
+        return
     if row.error and "after the update, not" in row.error:
         row.state = f"reloaded and its caches cleared, but {row.error.removeprefix('its ')}"
         row.next_steps = [f"label it again: {redo}"]
@@ -54,6 +62,10 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
         return
     row.state = "not reloaded: runs the weights it ran before" + ("" if not row.error else f" ({row.error})")
     row.next_steps = [f"update it: {redo}"]
+
+
+def _serving(row: WeightsReplica) -> str:
+    return ", serving"
 
 
 def _reload_words(row: WeightsReplica) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.errors import EXIT_FAILED, EXIT_PARTIAL
+from kvctl.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from tests.unit.weights.test_update import checkpoint, doubles, fleet_of, update  # noqa: F401 - a fixture
 
 
@@ -43,7 +43,7 @@ def test_a_version_changed_after_the_update_is_not_reported_as_set(cli, doubles,
     replicas, urls, master, _ = fleet_of(doubles, "0.32.0")
     original = replicas[0]._h_resume
 
-    async def resume_and_relabel(request, call):
+    async def resume_and_relabel(request, call):  # someone relabels it at the resume
         replicas[0].weight_version = "someone-else"
         return await original(request, call)
 
@@ -52,3 +52,49 @@ def test_a_version_changed_after_the_update_is_not_reported_as_set(cli, doubles,
     row = receipt["replicas"][0]
     assert code == EXIT_FAILED and row["updated"] is False and row["version_after"] == "someone-else"
     assert "someone-else" in row["error"]
+
+
+# -- finding 3: a reload that changed nothing ----------------------------------------------------------
+def stale_mirror(replica) -> None:
+    """The reload answers success and loads what it already ran (a stale mirror of the folder)."""
+    replica.rpc_methods["reload_weights"] = lambda kwargs: None
+
+
+def test_a_reload_that_changed_no_replicas_weights_is_not_verified_and_keeps_the_old_label(
+        cli, doubles, tmp_path: Path) -> None:  # noqa: F811
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    for r in replicas:
+        stale_mirror(r)
+    code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--version", "v2",
+                           "--verify")
+    assert code == EXIT_FAILED and receipt["ok"] is False, receipt["summary"]
+    assert "verified" not in receipt["summary"] and "changed no replica's weights" in receipt["summary"]
+    assert receipt["weights_changed"] is False
+    for row, replica in zip(receipt["replicas"], replicas):
+        assert row["updated"] is False and row["checksum_before"] == row["checksum_after"]
+        assert "did not change" in row["error"]
+        assert replica.weight_version == "default" and row["version_after"] == "default"  # the label set back
+        assert "label set back to 'default'" in row["state"] and not replica.paused
+    show = cli("weights", "show", *[w for u in urls for w in ("--url", u)], "--json")
+    assert {r["weight_version"] for r in json.loads(show.stdout)["replicas"]} == {"default"}
+
+
+def test_the_same_weights_again_under_their_own_label_is_a_no_op_that_says_so(cli, doubles, tmp_path) -> None:  # noqa: F811
+    _, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    folder = str(checkpoint(tmp_path / "c"))
+    assert update(cli, urls, master, "--from", folder, "--version", "v2")[0] == EXIT_OK
+    code, receipt = update(cli, urls, master, "--from", folder, "--version", "v2", "--verify")
+    assert code == EXIT_OK and receipt["weights_changed"] is False, receipt["summary"]
+    assert "weights unchanged" in receipt["summary"]
+    code, receipt = update(cli, urls, master, "--from", folder)  # no label asked for: nothing claimed either
+    assert code == EXIT_OK and "weights unchanged" in receipt["summary"]
+
+
+def test_without_checksums_the_receipt_says_the_weights_were_not_checked(cli, doubles, tmp_path) -> None:  # noqa: F811
+    replicas, urls, master, _ = fleet_of(doubles, "0.28.0", "0.28.0")
+    for r in replicas:
+        stale_mirror(r)
+    code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--version", "v2",
+                           "--verify")
+    assert code == EXIT_OK and receipt["weights_changed"] is None
+    assert "weights not checked" in receipt["summary"] and "0.32.0" in receipt["summary"]

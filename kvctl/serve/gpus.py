@@ -21,15 +21,19 @@ Without nvidia-smi the entries are taken as given (nothing to check them against
 or with a failing nvidia-smi, a GPU vLLM is refused: never a silent fallback to GPU 0.
 
 Ownership follows kvctl.serve.cpu_binding: a new replica avoids what live kvctl runs hold (their run
-records, replica by replica) and what other processes use (`nvidia-smi --query-compute-apps`).
+records, replica by replica) and what other processes use (`nvidia-smi --query-compute-apps`). Reading
+what runs hold and recording the new run's replicas happen under one lock per state dir
+(`allocation_lock`): two kvctl serve started at once took the same GPU before (issue 39).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,6 +236,28 @@ def describe(units: list[Gpu]) -> str:
 
 
 # -- ownership -----------------------------------------------------------------------------------
+ALLOCATION_LOCK = "allocation.lock"
+
+
+@contextmanager
+def allocation_lock(state_dir: str | Path | None = None) -> Iterator[None]:
+    """One allocation at a time in a state dir: from reading what live runs hold (held_by_runs) until the new
+    run has recorded its replicas and their devices (flock on STATE/allocation.lock; released on exit,
+    also when the process dies)."""
+    import fcntl
+
+    from kvctl.serve.runs import state_dir as folder_of
+
+    folder = folder_of(state_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ALLOCATION_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def held_by_runs(state_dir: str | Path | None = None, exclude: str | None = None) -> Holdings:
     """The GPUs and replica processes of live kvctl runs on this machine (not Ray runs: Ray hands out
     their GPUs; their processes here show in compute_apps)."""

@@ -19,7 +19,7 @@ from kvctl._version import __version__
 from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.compat import layout_of
 from kvctl.serve import cpu_binding, procs, runs
-from kvctl.serve.gpus import allocate, held_by_runs
+from kvctl.serve.gpus import allocate, allocation_lock, held_by_runs
 from kvctl.serve.lifecycle import claim_run, stop_run
 from kvctl.serve.memory import check_host_memory, mooncake_memory
 from kvctl.serve.mooncake_wheel import check_wheel
@@ -151,9 +151,17 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
                     emit: Event) -> None:
     base_env = dict(os.environ)
     layout = parallel_layout(spec.extra_args)
-    per, dp_ports = layout.gpus_per_replica, dp_rpc_ports(layout, ports)  # a DP replica's own RPC port
     # every worker rank (GPU or CPU) runs its own Mooncake client with its own segment and buffer
-    check_host_memory(mooncake_memory(bundle.mooncake, spec.replicas, per))
+    check_host_memory(mooncake_memory(bundle.mooncake, spec.replicas, layout.gpus_per_replica))
+    # what live runs hold is read, and this run's replicas recorded, under one lock: two serves at once
+    # would otherwise both read the same GPUs free (issue 39)
+    with allocation_lock(spec.state_dir):
+        _allocate_and_spawn(spec, install, bundle, ports, record, emit, base_env, layout)
+
+
+def _allocate_and_spawn(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: list[int], record: RunRecord,
+                        emit: Event, base_env: dict[str, str], layout: Any) -> None:
+    per, dp_ports = layout.gpus_per_replica, dp_rpc_ports(layout, ports)  # a DP replica's own RPC port
     # one CUDA_VISIBLE_DEVICES per GPU replica, off the GPUs live kvctl runs or other processes use
     gpus = None if install.cpu else allocate(spec.replicas, per, base_env, held_by_runs(spec.state_dir, record.name))
     binds: list[str | None] = [None] * spec.replicas

@@ -10,7 +10,8 @@ It answers only what kvctl asks, in nvidia-smi's output formats:
   GPU has no such value; an unknown field is refused as nvidia-smi does (exit 2).
 machine = {"gpus": [{"index", "uuid", "name", "memory_used", "memory_total", "mig" ("Enabled",
 "Disabled" or "[N/A]"), "instances": [{"profile", "uuid"}]}], "apps": [{"gpu_uuid", "pid",
-"used_memory"}], "fail": {"code", "output"} (every call prints output and exits with code)}.
+"used_memory"}], "fail": {"code", "output"} (every call prints output and exits with code), "delay": seconds
+(every call takes that long first: a slow driver, or a wide window for two kvctl serve at once)}.
 Stdlib only: it stands in for NVIDIA's tool and knows nothing of kvctl.
 """
 
@@ -43,6 +44,10 @@ def install(folder: Path, machine: dict) -> Path:
 
 def main(argv: list[str], machine_file: str) -> int:
     machine = json.loads(Path(machine_file).read_text())
+    if machine.get("delay"):
+        import time
+
+        time.sleep(float(machine["delay"]))
     if machine.get("fail"):
         print(machine["fail"]["output"])
         return int(machine["fail"]["code"])

@@ -302,3 +302,35 @@ def test_serve_gives_each_gpu_replica_its_own_free_gpu(cli, tmp_path: Path, monk
         nvidia_smi.install(tmp_path / "smi", {"fail": {"code": 9, "output": nvidia_smi.DRIVER_NOT_LOADED}})
         failed = serve("d", 1)
         assert failed.exit_code == 2 and "exit code 9" in failed.stderr and runs.load("d", state).replicas == []
+
+
+def test_two_serves_started_at_once_take_different_gpus(tmp_path: Path) -> None:
+    """Issue 39 finding 7: two kvctl serve started at the same moment both read that no run holds a GPU
+    and both took GPU 0 (GPU 1 stayed free). A slow nvidia-smi (0.5 s a call) widens the window between
+    reading what runs hold and recording the new run's replicas; one lock per state dir closes it."""
+    env = {**os.environ, "PATH": machine(tmp_path, {**{"gpus": [h100(0), h100(1)]}, "delay": 0.5})["PATH"]}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    (tmp_path / "model").mkdir()
+    state = tmp_path / "state"
+    python = gpu_vllm_python(tmp_path)
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen()
+        started = [subprocess.Popen([sys.executable, "-m", "kvctl", "serve", str(tmp_path / "model"), "--vllm-python",
+                                     str(python), "--state-dir", str(state), "--name", name, "--detach",
+                                     "--health-timeout", "60", "--master-rpc", "127.0.0.1:%d" % master.getsockname()[1]],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for name in ("a", "b")]
+        try:
+            for proc in started:
+                _, err = proc.communicate(timeout=120)
+                assert proc.returncode == 0, err
+            held = {name: runs.load(name, state).replicas[0].gpu for name in ("a", "b")}
+            assert sorted(held.values()) == ["0", "1"], held
+        finally:
+            for proc in started:
+                if proc.poll() is None:
+                    proc.kill()
+            for name in ("a", "b"):
+                subprocess.run([sys.executable, "-m", "kvctl", "stop", name, "--state-dir", str(state)], env=env,
+                               capture_output=True, timeout=60)

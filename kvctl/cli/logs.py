@@ -34,7 +34,7 @@ def logs(
 ) -> None:
     """Print the logs of a run's processes (like docker compose logs / kubectl logs).
 
-    With REPLICA: that process's log as written, without a prefix (pipe it to grep). Without: every process's log, replicas in order and then the master, one after another, each line prefixed with its name (with -f: lines as they arrive). -f ends by itself once none of the followed processes lives (exit 0; Ctrl-C also exits 0). Control characters and invalid UTF-8 are shown as U+FFFD, so a log cannot drive your terminal. A run on Ray: its logs are files on its nodes; kvctl reads those on this machine and names where the others are. Exit 1 when a log cannot be read (after the readable ones), 2 for an unknown run or process.
+    With REPLICA: that process's log as written, without a prefix (pipe it to grep). Without: every process's log, replicas in order and then the master, one after another, each line prefixed with its name (with -f: lines as they arrive). -f ends by itself once none of the followed processes lives (exit 0; Ctrl-C also exits 0). Control characters (C0 but tab and newline, a lone carriage return, DEL, C1, bidi controls) and invalid UTF-8 are shown as U+FFFD, so a log cannot drive your terminal; a log path that is not a regular file (a named pipe) is named, not read. A run on Ray: its logs are files on its nodes; kvctl reads those on this machine and names where the others are. Exit 1 when a log cannot be read (after the readable ones), 2 for an unknown run or process.
     """
     from kvctl.cli import output
     from kvctl.serve import logs as core
@@ -50,6 +50,11 @@ def logs(
     for s in unreadable:
         output.note(f"{s.name}: its log is {s.where()}; kvctl cannot read it from this machine: read it on that "
                     f"node (e.g. tail -f {s.path})")
+    if follow:  # a named pipe is never opened for reading (it waits for a writer): said now, not followed
+        for stream in [s for s in readable if core.refused(s)]:
+            readable.remove(stream)
+            unreadable.append(stream)
+            output.note(f"{stream.name}: cannot read {stream.where()}: {core.refused(stream)}")
     try:
         if follow and readable:
             printer.write(core.follow(readable, tail, core.run_refresh(record, folder, replica)))

@@ -6,8 +6,10 @@ appended to by the processes themselves; an earlier run under the same name keep
 in blocks, and text is handed on in pieces of at most MAX_PIECE bytes, so a multi-GB log or one
 line without a newline never sits in memory whole.
 
-Log text is decoded leniently and stripped of control characters: vLLM logs prompts when asked to
-(--enable-log-requests), so a log can carry escape sequences that would drive the reader's terminal.
+Log text is decoded leniently and stripped of control characters (kvctl.serve.logtext: C0 but tab
+and newline, DEL, C1, bidi controls): vLLM logs prompts when asked to (--enable-log-requests), so a
+log can carry escape sequences that would drive the reader's terminal. A log path that is not a
+regular file (a named pipe, a device) is refused without a blocking open.
 
 Never prints: the CLI (kvctl/cli/logs.py) prints the pieces this yields.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 from kvctl.errors import UsageError
 from kvctl.serve import runs
+from kvctl.serve.logtext import not_regular, open_regular, printable
 from kvctl.serve.procs import ProcessRef, is_ours
 from kvctl.serve.runs import RunRecord
 
@@ -31,8 +34,6 @@ MASTER = "master"  # the name `kvctl logs RUN master` takes for the embedded moo
 BLOCK = 64 * 1024
 MAX_PIECE = 64 * 1024  # a longer line is handed on in pieces of this size
 READ_PER_POLL = 1024 * 1024  # per log and poll while following: one busy log cannot starve the others
-# C0 controls and DEL except tab, newline and carriage return (progress bars redraw with \r)
-_CONTROLS = {c: "\ufffd" for c in (*range(0, 9), 11, 12, *range(14, 32), 127)}
 
 
 @dataclass
@@ -193,16 +194,16 @@ class _Splitter:
 
     def flush(self) -> list[Piece]:
         rest, self.pending = self.pending, b""
-        text = self.decoder.decode(rest, final=True).translate(_CONTROLS)
+        text = printable(self.decoder.decode(rest, final=True))
         return [Piece(self.name, text, False)] if text else []
 
     def _piece(self, data: bytes, complete: bool) -> Piece:
-        return Piece(self.name, self.decoder.decode(data).translate(_CONTROLS), complete)
+        return Piece(self.name, printable(self.decoder.decode(data)), complete)
 
 
 def read(stream: LogStream, lines: int | None = None) -> Iterator[Piece]:
     """The log as it is now (its last `lines` lines; None: all), in pieces. OSError when it cannot be read."""
-    with open(stream.path, "rb") as fh:
+    with open_regular(stream.path) as fh:  # a named pipe would wait for a writer: refused
         end = os.fstat(fh.fileno()).st_size  # what is there now: a growing log is not chased
         fh.seek(tail_offset(fh, lines, end))
         split, left = _Splitter(stream.name), end - fh.tell()
@@ -243,8 +244,8 @@ class _Tracked:
 
     def _open(self) -> bool:
         try:
-            self.fh = open(self.stream.path, "rb")  # noqa: SIM115 - held open across polls, closed in close()
-        except OSError:
+            self.fh = open_regular(self.stream.path)  # held open across polls, closed in close()
+        except OSError:  # not there yet (waited for), or not a regular file (never read; the CLI says so)
             return False
         end = os.fstat(self.fh.fileno()).st_size
         self.fh.seek(tail_offset(self.fh, self.lines, end))
@@ -267,6 +268,14 @@ class _Tracked:
             return False  # moved away and not yet recreated: keep reading the moved file
         held = os.fstat(self.fh.fileno())
         return (now.st_ino, now.st_dev) != (held.st_ino, held.st_dev)
+
+
+def refused(stream: LogStream) -> str | None:
+    """Why a log path that exists cannot be followed (not a regular file), else None; stat only."""
+    try:
+        return not_regular(os.stat(stream.path).st_mode)
+    except OSError:
+        return None
 
 
 def follow(first: list[LogStream], lines: int | None, refresh: Callable[[], tuple[bool, list[LogStream]]],

@@ -217,12 +217,19 @@ def _signal_all(procs: list, sig: int, leader_only: bool = False) -> None:  # no
 
 
 def tail(path: Path, lines: int = 25, max_chars: int = 4000) -> str:
-    """The end of a log file, for error messages."""
+    """The end of a log file, for error messages: its last bytes only, printable (kvctl.serve.logtext);
+    a path that is not a regular file (a named pipe) is not read."""
+    from kvctl.serve.logtext import NotRegularFile, open_regular, printable
+
     try:
-        data = path.read_bytes()[-max_chars * 2:]
+        with open_regular(path) as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - max_chars * 4))  # UTF-8: at most 4 bytes a character
+            data = fh.read(max_chars * 4)
+    except NotRegularFile as exc:
+        return f"({exc.strerror}: {path})"
     except OSError:
         return "(no log)"
-    text = data.decode("utf-8", "replace").splitlines()[-lines:]
+    text = printable(data.decode("utf-8", "replace")).splitlines()[-lines:]
     return "\n".join(text)[-max_chars:]
 
 

@@ -115,7 +115,56 @@ def test_binary_garbage_cannot_drive_the_terminal(cli, tmp_path: Path) -> None:
     make_run(tmp_path, "rl", {"r0": garbage})
     out = logs_cli(cli, tmp_path, "rl", "r0").stdout
     assert not any(c in out for c in "\x1b\x07\x00")
-    assert out == "ok \ufffd[2J\ufffd]0;owned\ufffd \ufffd\ufffd\ufffd end\rredrawn\nnext\tline\n"
+    # a lone \r would let a line overwrite itself ("end" hidden behind "redrawn"): replaced too
+    assert out == "ok \ufffd[2J\ufffd]0;owned\ufffd \ufffd\ufffd\ufffd end\ufffdredrawn\nnext\tline\n"
+
+
+def test_c1_and_bidi_controls_cannot_drive_the_terminal(cli, tmp_path: Path) -> None:
+    """Issue 39 (low): U+009B is CSI and U+009D OSC on terminals that take 8-bit controls, and the bidi
+    overrides reorder what a reader sees (a 'Trojan Source' line); a CRLF line end stays a line end."""
+    hostile = ["\x9b2J", "\x9d0;owned\x9c", "\x85", "\x80", "\x9f", "\u202a", "\u202b", "\u202c", "\u202d",
+               "\u202e", "\u2066", "\u2067", "\u2068", "\u2069", "\u061c", "\u200e", "\u200f", "\x7f", "\x1b"]
+    text = "a " + " ".join(hostile) + " z\r\nnext\n"
+    make_run(tmp_path, "rl", {"r0": text.encode(), "master": "m \u202eevil\n".encode()})
+    for args in (["rl", "r0"], ["rl"], ["rl", "--no-prefix"]):
+        out = logs_cli(cli, tmp_path, *args).stdout
+        assert not any(0x80 <= ord(c) <= 0x9f or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+                       "\u061c\u200e\u200f\x7f\x1b" for c in out), (args, out)
+    want = "a \ufffd2J \ufffd0;owned\ufffd " + " ".join(["\ufffd"] * 17) + " z\r\nnext\n"
+    assert "".join(p.text for p in logs.read(logs.select(runs.load("rl", tmp_path), None, "r0")[0])) == want
+    assert logs_cli(cli, tmp_path, "rl", "r0").stdout == want.replace("\r\n", "\n")  # click's Result drops \r
+    assert logs.printable("é ü 中文 ok\tend\r\n") == "é ü 中文 ok\tend\r\n"  # text stays text
+
+
+def _kvctl_logs(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([KVCTL, "logs", *args, "--state-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=20)
+
+
+def test_a_fifo_as_a_log_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Issue 39 (low): a log path that is a named pipe (or a device) hung `kvctl logs` in open() for
+    ever; it is named as not a regular file, the other logs are shown, exit 1 -- with -f too."""
+    record = make_run(tmp_path, "rl", {"r0": None, "r1": b"fine\n", "master": b"m\n"})
+    os.mkfifo(record.replicas[0].log)
+    alone = _kvctl_logs(tmp_path, "rl", "r0")
+    assert alone.returncode == 1 and alone.stdout == "" and "not a regular file" in alone.stderr
+    every = _kvctl_logs(tmp_path, "rl")
+    assert every.returncode == 1 and every.stdout == "r1     | fine\nmaster | m\n" and "r0: " in every.stderr
+    followed = _kvctl_logs(tmp_path, "rl", "-f")  # its processes are gone: following ends by itself
+    assert followed.returncode == 1 and "r1     | fine" in followed.stdout and "not a regular file" in followed.stderr
+    assert "(not a regular file" in procs.tail(Path(record.replicas[0].log))  # serve's error excerpts
+
+
+def test_the_log_excerpt_of_a_serve_error_is_printable_and_bounded(tmp_path: Path) -> None:
+    log = tmp_path / "r0.log"
+    log.write_bytes(b"x" * (4 * 1024 * 1024) + b"\nlast \x1b[31mred\xc2\x9b\xe2\x80\xae\n")
+    tracemalloc.start()
+    try:
+        excerpt = procs.tail(log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert excerpt.endswith("last \ufffd[31mred\ufffd\ufffd") and peak < 1024 * 1024, peak
 
 
 def test_a_ray_run_names_where_each_log_is(cli, tmp_path: Path) -> None:

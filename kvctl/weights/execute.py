@@ -193,7 +193,7 @@ def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, ste
         b, a = before.get(row.name, (None, None, None)), after.get(row.name, (None, None, None))
         row.checksum_before = b[0].digest if b[0] else None
         row.checksum_after = a[0].digest if a[0] else None
-        row.checksum_note = _checksum_note(b, a, receipt.interrupted)
+        row.checksum_note = _checksum_note(b, a, receipt.interrupted, row.reload.result)
         row.left_paused = row.name in step.failed and not step.resume_failed and receipt.interrupted is None
         reset_ok = bool(row.reset and row.reset.reset)
         label = (_stale_error(row, receipt.version) if receipt.stale and row.reload.result == "ok"
@@ -262,13 +262,14 @@ def _odd_checksums(after: dict, receipt: WeightsReceipt) -> dict[str, str]:
     return odd
 
 
-def _checksum_note(before: tuple, after: tuple, interrupted: str | None) -> str | None:
+def _checksum_note(before: tuple, after: tuple, interrupted: str | None, reload: str) -> str | None:
     if after[0] is None and interrupted is not None:
         return before[2] or "not read after: the update was interrupted"
     if after[0] is None:
         return after[2] or before[2]
     if before[0] is not None and before[0].digest == after[0].digest:
-        return "unchanged: the folder holds the weights it already ran"
+        return ("unchanged: the folder holds the weights it already ran" if reload == "ok"
+                else f"unchanged: its reload {reload}")
     return None
 
 

@@ -23,13 +23,13 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
         label = f" (version {row.version_after})" if row.version_after else ""
         row.state = f"runs the new weights{label}, caches cleared, serving"
         return
-    undo = update_command(receipt, fleet, [row.url], undo=row.version_before or "?")
+    undo = undo_step(receipt, fleet)
     if row.reload.result == "failed" or row.set_version.result == "failed":
         what = "its reload failed" if row.reload.result == "failed" else "reloaded, but its version label was not set"
         if row.left_paused:
             row.state = f"kept paused: {what}; it serves nothing until resumed"
             row.next_steps = [f"finish: {redo} (it finds the replica paused and leaves it so), then {resume}",
-                              f"or undo: {undo}, then {resume}"]
+                              f"or {undo}, then {resume}"]
             if row.reload.result == "failed":
                 # vLLM 0.32's reload_weights moves every layer to the meta device before it reads a weight
                 # (model_executor/model_loader/reload/inplace.py:84-95): a failed one leaves no weights at all
@@ -38,7 +38,7 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
                 row.next_steps.append(f"or serve it as it is (the new weights, its version label unset): {resume}")
         else:
             row.state = f"{what}; resumed as asked (--resume-failed): it may serve other weights than the others"
-            row.next_steps = [f"finish: {redo}", f"or undo: {undo}"]
+            row.next_steps = [f"finish: {redo}", f"or {undo}"]
         return
     if row.error and ("differ from the other replicas'" in row.error or "workers hold different" in row.error):
         row.state = "reloaded, but its weights differ from the others': serving"
@@ -98,14 +98,30 @@ def _targets(fleet: Fleet, urls: list[str] | None) -> list[str]:
     return words
 
 
-def update_command(receipt: WeightsReceipt, fleet: Fleet, urls: list[str] | None, undo: str | None = None) -> str:
-    """`kvctl weights update` for these replicas (all: None); undo: back to the weights of that version."""
+PREVIOUS = "PREVIOUS_WEIGHTS"  # the shell variable the undo reads its folder from
+
+
+def undo_step(receipt: WeightsReceipt, fleet: Fleet) -> str:
+    """`undo (...): <command>`: the whole fleet back to the weights (and label) it ran before. Every
+    replica, not only the one that failed: the others run the new weights, and a fleet on two sets of
+    weights in one cache namespace is what the update prevents (a replica that did not change reloads
+    what it runs). kvctl does not know that folder (the one each server started with or last reloaded
+    from), so the command reads it from $PREVIOUS_WEIGHTS, named outside it: nothing in the command is
+    a placeholder a shell would take for a redirection, and an unset variable is refused (an empty --from)."""
+    labels = {r.version_before for r in receipt.replicas}
+    label = next(iter(labels)) if len(labels) == 1 else None
+    words = ["kvctl", "weights", "update", "--from"]
+    tail = (["--version", label] if label is not None else []) + \
+        (["--remote-path"] if receipt.plan.options.remote_path else []) + _targets(fleet, None)
+    command = " ".join(words) + f' "${PREVIOUS}" ' + " ".join(shlex.quote(w) for w in tail)
+    what = f"version {label}" if label is not None else ("their labels before differed: "
+                                                          + ", ".join(sorted(str(v) for v in labels)))
+    return f"undo, the whole fleet (set {PREVIOUS} to the folder of the weights it ran before, {what}): {command}"
+
+
+def update_command(receipt: WeightsReceipt, fleet: Fleet, urls: list[str] | None) -> str:
+    """`kvctl weights update` of this update's folder and label for these replicas (all: None)."""
     targets = " ".join(shlex.quote(w) for w in _targets(fleet, urls))
-    if undo is not None:  # kvctl does not know which folder that was: the placeholder says what to put there
-        version = f" --version {shlex.quote(undo)}" if undo not in ("?", "default") else ""
-        # the folder it was started with or last reloaded from (/server_info's model_config.model said it
-        # before the update; a reload, failed or not, replaces it there)
-        return f"kvctl weights update --from <the folder of the weights it ran before>{version} {targets}"
     words = ["kvctl", "weights", "update", "--from", receipt.weights_path]
     if receipt.version:
         words += ["--version", receipt.version]
@@ -119,4 +135,4 @@ def reset_command(fleet: Fleet, url: str, verify: bool) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-__all__ = ["describe", "reset_command", "update_command"]
+__all__ = ["describe", "reset_command", "undo_step", "update_command"]

@@ -10,6 +10,9 @@ Against the vLLM TEST DOUBLE: a real vLLM cannot be made to produce these faults
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -98,3 +101,37 @@ def test_without_checksums_the_receipt_says_the_weights_were_not_checked(cli, do
                            "--verify")
     assert code == EXIT_OK and receipt["weights_changed"] is None
     assert "weights not checked" in receipt["summary"] and "0.32.0" in receipt["summary"]
+
+
+# -- finding 4: the undo -------------------------------------------------------------------------------
+def shell_words(command: str, env: dict[str, str]) -> list[str]:
+    """`command` as bash parses it (no redirection may hide in it): its words after expansion."""
+    assignments = "; ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    script = f"{assignments}; set -- {command}; printf '%s\\0' \"$@\""
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, cwd="/", check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\0")[:-1]
+
+
+def test_the_undo_of_a_partial_update_brings_back_the_whole_fleet_and_pastes_as_printed(
+        cli, doubles, tmp_path: Path) -> None:  # noqa: F811
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0", "0.32.0")
+    old, new = str(checkpoint(tmp_path / "old", b"old")), str(checkpoint(tmp_path / "new", b"new"))
+    assert update(cli, urls, master, "--from", old, "--version", "v1")[0] == EXIT_OK
+    old_weights = replicas[0].weights
+    replicas[1].faults.status["/collective_rpc"] = 500
+    code, receipt = update(cli, urls, master, "--from", new, "--version", "v2")
+    assert code == EXIT_PARTIAL
+    row = receipt["replicas"][1]
+    (undo,) = [s for s in row["next_steps"] if s.startswith("or undo")]
+    assert "<" not in undo and ">" not in undo and "$PREVIOUS_WEIGHTS" in undo
+    command = re.search(r"(kvctl weights update .*?)(, then |$)", undo).group(1)
+    words = shell_words(command, {"PREVIOUS_WEIGHTS": old})
+    assert words[:5] == ["kvctl", "weights", "update", "--from", old]
+    assert all(u in words for u in urls) and "--version" in words and words[words.index("--version") + 1] == "v1"
+    replicas[1].faults.status.clear()
+    result = cli(*words[1:], "--json")
+    assert result.exit_code == EXIT_OK, result.stdout
+    assert all(r.weights == old_weights and r.weight_version == "v1" for r in replicas)
+    resume = re.search(r"then (curl .*)$", undo).group(1)
+    assert resume == f"curl -X POST {urls[1]}/resume"

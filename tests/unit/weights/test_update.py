@@ -202,7 +202,7 @@ def test_a_failed_reload_keeps_that_replica_paused_and_names_how_to_finish_or_un
     assert bad["set_version"]["result"] == "not run" and replicas[1].weight_version == "default"
     steps = " | ".join(bad["next_steps"])
     assert f"kvctl weights update --from {folder.resolve()} --version v2 --url {urls[1]}" in steps
-    assert f"curl -X POST {urls[1]}/resume" in steps and "undo:" in steps
+    assert f"curl -X POST {urls[1]}/resume" in steps and "or undo, the whole fleet" in steps
     assert f"NOT updated: {bad['name']}" in receipt["summary"] and "kept paused" in receipt["summary"]
     for row, replica in ((good, replicas[0]), (other, replicas[2])):
         assert row["updated"] is True and row["version_after"] == "v2" and not replica.paused

@@ -194,7 +194,8 @@ def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, ste
         row.checksum_before = b[0].digest if b[0] else None
         row.checksum_after = a[0].digest if a[0] else None
         row.checksum_note = _checksum_note(b, a, receipt.interrupted, row.reload.result)
-        row.left_paused = row.name in step.failed and not step.resume_failed and receipt.interrupted is None
+        held = row.name in step.failed and not step.resume_failed and receipt.interrupted is None
+        row.left_paused = held or row.window == "paused"
         reset_ok = bool(row.reset and row.reset.reset)
         label = (_stale_error(row, receipt.version) if receipt.stale and row.reload.result == "ok"
                  else _label_error(row, receipt.version))

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from kvctl.facts.versions import parse_version
 from kvctl.reset.plan import replica_client
+from kvctl.reset.window import read_window
 from kvctl.targets import Replica
 from kvctl.transport.pool import HttpPool, max_concurrency
 from kvctl.transport.vllm_client import CallOutcome, ServerError, VllmClient, reset_answer_error
@@ -82,7 +84,7 @@ async def restore_labels(plan: WeightsPlan, by_name: dict[str, Replica], http: H
 
 async def read_after(plan: WeightsPlan, by_name: dict[str, Replica], http: HttpPool,
                      rows: dict[str, WeightsReplica]) -> None:
-    """Each replica's label after the update."""
+    """Each replica's label and window (serving, paused, asleep) after the update."""
     async def one(rp: ReplicaWeightsPlan, client: VllmClient) -> None:
         row = rows[rp.name]
         if rp.reports_version:
@@ -90,6 +92,7 @@ async def read_after(plan: WeightsPlan, by_name: dict[str, Replica], http: HttpP
                 row.version_after = await client.weight_info()
             except ServerError:
                 row.version_after = None
+        row.window, _ = await read_window(client, parse_version(rp.vllm_version or "0"))
 
     await _each(plan, by_name, http, one)
 

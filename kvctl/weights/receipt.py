@@ -41,7 +41,10 @@ class WeightsReplica:
     reset: ReplicaReceipt | None = None  # kvctl.reset's own record of this replica (ops, canary, probe)
     label_restored: bool = False  # its old label was set back: the reload changed no replica's weights
     label_restore_error: str | None = None  # why setting it back failed (it keeps the new label)
-    left_paused: bool = False  # kvctl kept it paused (its reload failed): it serves nothing until resumed
+    # paused when kvctl finished: kept so (its reload failed), or found paused (by its owner) and left so
+    left_paused: bool = False
+    # what /is_paused and /is_sleeping said after the update: serving | paused | asleep | unknown (None: not read)
+    window: str | None = None
     updated: bool = False  # reloaded, versioned (if asked), reset (and verified when asked)
     state: str = "not updated"  # one sentence: what it runs and whether it serves
     error: str | None = None
@@ -141,13 +144,27 @@ def verdict(receipt: WeightsReceipt) -> None:
                            + (f"; old labels set back on {', '.join(restored)}" if restored else "")
                            + "; see each replica")
         return
-    held = [r.name for r in receipt.replicas if r.left_paused]
+    held = [r.name for r in receipt.replicas if r.left_paused and not found_paused(r)]
+    found = [r.name for r in receipt.replicas if r.left_paused and found_paused(r)]
     if len(done) == n:
-        receipt.exit_code, receipt.summary = EXIT_OK, f"{n}/{n} replica(s) {what}" + _weights_words(receipt)
+        receipt.exit_code, receipt.summary = EXIT_OK, f"{n}/{n} replica(s) {what}" + _weights_words(receipt) \
+            + _found_words(found)
         return
     receipt.exit_code = EXIT_FAILED if not done else EXIT_PARTIAL
     receipt.summary = (f"{len(done)}/{n} replica(s) {what}; NOT updated: {', '.join(receipt.not_updated)}"
-                       + (f"; kept paused: {', '.join(held)}" if held else "") + _weights_words(receipt))
+                       + (f"; kept paused: {', '.join(held)}" if held else "") + _weights_words(receipt)
+                       + _found_words(found))
+
+
+def found_paused(row: WeightsReplica) -> bool:
+    """Paused before the update (by its owner, or a run before this one), so kvctl neither paused nor resumed it."""
+    ops = row.reset.ops if row.reset is not None else []
+    return any(o.op == "pause" and o.result == "skipped" for o in ops)
+
+
+def _found_words(found: list[str]) -> str:
+    return (f"; left paused as found (paused before the update; they serve nothing until resumed): "
+            f"{', '.join(found)}") if found else ""
 
 
 def _weights_words(receipt: WeightsReceipt) -> str:
@@ -161,4 +178,4 @@ def _weights_words(receipt: WeightsReceipt) -> str:
     return ""
 
 
-__all__ = ["StepResult", "WeightsReceipt", "WeightsReplica", "receipt_without_execution", "verdict"]
+__all__ = ["StepResult", "WeightsReceipt", "WeightsReplica", "found_paused", "receipt_without_execution", "verdict"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from kvctl.targets import Fleet
-from kvctl.weights.receipt import WeightsReceipt, WeightsReplica
+from kvctl.weights.receipt import WeightsReceipt, WeightsReplica, found_paused
 
 
 def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None:
@@ -21,13 +21,17 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
         return
     if row.updated:
         label = f" (version {row.version_after})" if row.version_after else ""
-        row.state = f"runs the new weights{label}, caches cleared, serving"
+        row.state = f"runs the new weights{label}, caches cleared{_serving(row)}"
+        if row.window == "paused":
+            row.next_steps = [f"resume it when it may serve: {resume}"]
         return
     undo = undo_step(receipt, fleet)
     if row.reload.result == "failed" or row.set_version.result == "failed":
         what = "its reload failed" if row.reload.result == "failed" else "reloaded, but its version label was not set"
         if row.left_paused:
             row.state = f"kept paused: {what}; it serves nothing until resumed"
+            if row.window == "serving":
+                row.state = f"{what}; kvctl kept it paused, but its /is_paused says it serves: something resumed it"
             row.next_steps = [f"finish: {redo} (it finds the replica paused and leaves it so), then {resume}",
                               f"or {undo}, then {resume}"]
             if row.reload.result == "failed":
@@ -37,11 +41,12 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
             else:
                 row.next_steps.append(f"or serve it as it is (the new weights, its version label unset): {resume}")
         else:
-            row.state = f"{what}; resumed as asked (--resume-failed): it may serve other weights than the others"
+            row.state = (f"{what}; not kept paused (--resume-failed){_serving(row)}: it may serve other weights "
+                         "than the others")
             row.next_steps = [f"finish: {redo}", f"or {undo}"]
         return
     if row.error and ("differ from the other replicas'" in row.error or "workers hold different" in row.error):
-        row.state = "reloaded, but its weights differ from the others': serving"
+        row.state = f"reloaded, but its weights differ from the others'{_serving(row)}"
         row.next_steps = [f"reload it again: {redo}"]
         return
     if row.error and "did not change" in row.error:
@@ -57,15 +62,28 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
         row.next_steps = [f"label it again: {redo}"]
         return
     if row.reload.result == "ok":
-        row.state = "runs the new weights, but its caches were NOT confirmed clear: it may serve KV of the old ones"
+        row.state = (f"runs the new weights, but its caches were NOT confirmed clear{_serving(row)}: it may serve KV "
+                     "of the old ones")
         row.next_steps = [f"clear them: {reset_command(fleet, row.url, receipt.verify)}"]
         return
-    row.state = "not reloaded: runs the weights it ran before" + ("" if not row.error else f" ({row.error})")
+    row.state = (f"not reloaded: runs the weights it ran before{_serving(row) if row.window else ''}"
+                 + ("" if not row.error else f" ({row.error})"))
     row.next_steps = [f"update it: {redo}"]
 
 
 def _serving(row: WeightsReplica) -> str:
-    return ", serving"
+    """Whether it serves, as its /is_paused (and /is_sleeping) said after the update, else as kvctl's resume did."""
+    if row.window == "serving":
+        return ", serving"
+    if row.window == "paused":
+        return (", paused (it was paused before the update; kvctl left it so): it serves nothing until resumed"
+                if found_paused(row) else ", paused: it serves nothing until resumed")
+    if row.window == "asleep":
+        return ", asleep: it serves nothing until woken up"
+    ops = row.reset.ops if row.reset is not None else []
+    if any(o.op == "resume" and o.result == "ok" for o in ops):
+        return ", resumed by kvctl (/is_paused gave no answer after it)"
+    return ", whether it serves is not known (/is_paused gave no answer)"
 
 
 def _reload_words(row: WeightsReplica) -> str:

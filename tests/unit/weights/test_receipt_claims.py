@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,29 @@ def test_the_undo_of_a_partial_update_brings_back_the_whole_fleet_and_pastes_as_
     assert all(r.weights == old_weights and r.weight_version == "v1" for r in replicas)
     resume = re.search(r"then (curl .*)$", undo).group(1)
     assert resume == f"curl -X POST {urls[1]}/resume"
+
+
+# -- finding 5: serving, only where /is_paused says so ---------------------------------------------------
+def test_the_finish_of_a_partial_update_does_not_call_a_paused_replica_serving(cli, doubles, tmp_path) -> None:  # noqa: F811
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    replicas[1].faults.status["/collective_rpc"] = 500
+    folder = str(checkpoint(tmp_path / "c"))
+    assert update(cli, urls, master, "--from", folder, "--version", "v2")[0] == EXIT_PARTIAL
+    replicas[1].faults.status.clear()
+    code, receipt = update(cli, urls[1:], master, "--from", folder, "--version", "v2")
+    assert code == EXIT_OK and replicas[1].paused
+    (row,) = receipt["replicas"]
+    assert row["updated"] is True and row["left_paused"] is True and row["window"] == "paused"
+    assert "serving" not in row["state"] and "paused" in row["state"]
+    assert f"curl -X POST {urls[1]}/resume" in " ".join(row["next_steps"])
+    assert "left paused" in receipt["summary"]
+
+
+def test_a_replica_its_owner_paused_is_left_paused_and_said_so(cli, doubles, tmp_path: Path) -> None:  # noqa: F811
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    urllib.request.urlopen(urllib.request.Request(f"{urls[0]}/pause?mode=keep", method="POST"), timeout=10)
+    code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--version", "v2")
+    assert code == EXIT_OK and replicas[0].paused and not replicas[1].paused
+    owner, other = receipt["replicas"]
+    assert owner["left_paused"] is True and owner["window"] == "paused" and "serving" not in owner["state"]
+    assert other["left_paused"] is False and other["window"] == "serving" and other["state"].endswith("serving")

@@ -2,7 +2,8 @@
 
 Importing kvctl is cheap: no vllm, torch, mooncake, typer or rich. The Python API
 (`kvctl.hard_reset`, `kvctl.hard_reset_async`, `kvctl.ResetFailed`, `kvctl.probe`, `kvctl.probe_async`,
-`kvctl.update_weights`, `kvctl.update_weights_async`, `kvctl.WeightsUpdateFailed`, and for training loops
+`kvctl.update_weights`, `kvctl.update_weights_async`, `kvctl.WeightsUpdateFailed`,
+`kvctl.check_salt_isolation[_async]`, and for training loops
 `kvctl.take_evidence[_async]`, `kvctl.check_evidence[_async]`, `kvctl.update_window_async`, `kvctl.Evidence`)
 loads on first use. No submodule of kvctl may take one of these names: once imported, it would shadow
 the function (tests/unit/reset/test_probe.py checks).
@@ -15,7 +16,7 @@ from typing import Any
 from kvctl._version import __version__ as __version__  # the public face
 
 _API = ("hard_reset", "hard_reset_async", "ResetFailed", "probe", "probe_async", "update_weights",
-        "update_weights_async", "WeightsUpdateFailed")
+        "update_weights_async", "WeightsUpdateFailed", "check_salt_isolation", "check_salt_isolation_async")
 # inside a training loop (kvctl/api_loop.py)
 _LOOP_API = ("take_evidence", "take_evidence_async", "check_evidence", "check_evidence_async",
              "update_window_async", "Evidence")

@@ -8,6 +8,9 @@ Inside a training loop (kvctl.api_loop): evidence before the update and its chec
 (`take_evidence`, `hard_reset(evidence=...)`, `check_evidence`), and `update_window_async` for loops
 that move the weights themselves.
 
+`check_salt_isolation` proves that a per-version cache_salt isolates every tier (loops that salt
+instead of resetting).
+
 Each blocking function has an async twin (`hard_reset_async`, `probe_async`) for code that runs
 an event loop; the blocking one refuses to run inside a loop (UsageError) rather than nest it.
 
@@ -31,6 +34,7 @@ from kvctl.targets import build_fleet
 
 if TYPE_CHECKING:
     from kvctl.reset.probe import ProbeReport
+    from kvctl.reset.salting import SaltReport
     from kvctl.weights.receipt import WeightsReceipt
 
 T = TypeVar("T")
@@ -145,6 +149,35 @@ async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | Non
 def probe(urls: list[str] | None = None, **kwargs: object) -> ProbeReport:
     """Blocking twin of probe_async (same arguments). Call it from code without a running loop."""
     return _blocking("probe", probe_async, urls, **kwargs)
+
+
+async def check_salt_isolation_async(urls: list[str] | None = None, *, salts: list[str] | None = None,
+                                     versions: list[str] | None = None, salt_format: str = "{version}",
+                                     inventory: str | Path | None = None, run: str | None = None,
+                                     state_dir: str | Path | None = None, ray: str | None = None,
+                                     settle: float = 3.0, timeout: float = 120.0) -> SaltReport:
+    """Proof that cache_salt isolates every tier (same as `kvctl salt check`): per replica, the local
+    prefix cache and the external store, each isolated, LEAKS or unproven (why), with positive
+    controls; fresh random prompts, no reset, no pause. `salts`: the two salts to compare; or
+    `versions`, two weight versions made salts with `salt_format` ("{version}": the version itself);
+    neither: two random salts. Returns the report (`.exit_code`: 0 isolated, 1 LEAKS, 3 unproven;
+    `.to_dict()`: the CLI's --json). Targets as probe's. Bad arguments raise kvctl.errors.UsageError."""
+    from kvctl.reset.salting import SaltOptions, check_salt_isolation, salts_of_versions
+
+    with python_errors():
+        if salts is not None and versions is not None:
+            raise UsageError("give --salt or --weight-version, not both")
+        pair = salts_of_versions(versions, salt_format) if versions is not None else \
+            (tuple(salts) if isinstance(salts, (list, tuple)) else salts)
+        options = SaltOptions(salts=pair, settle=settle, timeout=timeout).check()  # type: ignore[arg-type]
+        fleet = build_fleet(_urls(urls), Path(inventory) if inventory else None, None, run=run,
+                            state_dir=str(state_dir) if state_dir else None, ray=ray, masters_from_env=False)
+        return receipt_for_python(await check_salt_isolation(fleet, options))
+
+
+def check_salt_isolation(urls: list[str] | None = None, **kwargs: object) -> SaltReport:
+    """Blocking twin of check_salt_isolation_async (same arguments). Call it from code without a running loop."""
+    return _blocking("check_salt_isolation", check_salt_isolation_async, urls, **kwargs)
 
 
 class WeightsUpdateFailed(_OperationFailed):

@@ -2,7 +2,8 @@
 its keyword (`pass --master HOST:PORT` -> `pass master="HOST:PORT"`).
 
 Every message (errors, hints, receipt lines) is written once, in the CLI's words; `FLAGS` is the one
-table of the flags of the commands the API stands beside (kvctl reset, probe, weights update) and
+table of the flags of the commands the API stands beside (kvctl reset, probe, weights update, salt
+check) and
 their keywords, and `for_python` renders a message with it. A suggested command (`kvctl runs --ray
 ADDRESS`) keeps its flags: it is run in a shell either way. tests/unit/test_api_words.py checks the
 table against the CLI and renders every message of the modules the API runs.
@@ -40,12 +41,15 @@ FLAGS: dict[str, tuple[str, str]] = {
     # kvctl weights update
     "--from": ("from_path", "str"), "--version": ("version", "str"), "--remote-path": ("remote_path", "true"),
     "--resume-failed": ("resume_failed", "true"), "--reload-timeout": ("reload_timeout", "num"),
+    # kvctl salt check
+    "--salt": ("salts", "list"), "--weight-version": ("versions", "list"), "--salt-format": ("salt_format", "str"),
+    "--settle": ("settle", "num"),
 }
 
 # --flag, then its value (--flag=VALUE) or its metavar (--flag HOST:PORT) when one follows
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?:=([^\s),;]+)|( [A-Z](?:[A-Z0-9_:]*[A-Z0-9])?(?![\w-]))( \(repeatable\))?)?")
 # a suggested command: its flags stay flags (it runs in a shell)
-_COMMAND = re.compile(r"\bkvctl (?:reset|probe|status|stop|serve|runs|rm|weights|config|compat|doctor|logs|version)\b")
+_COMMAND = re.compile(r"\bkvctl (?:reset|probe|salt|status|stop|serve|runs|rm|weights|config|compat|doctor|logs|version)\b")
 # where a clause ends: a command suggested before one does not reach past it
 _CLAUSE_END = re.compile(r"[;()]|, |: ")
 # the message fields of receipts and reports (never names, URLs, prompts or paths)

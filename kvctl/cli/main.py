@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvctl._version import __version__
-from kvctl.cli import compat, config, evidence, weights
+from kvctl.cli import compat, config, evidence, salt, weights
 from kvctl.cli.coercion import install as install_coercion
 from kvctl.cli.doctor import doctor
 from kvctl.cli.logs import logs
@@ -37,6 +37,7 @@ app.add_typer(config.app, name="config")
 app.add_typer(compat.app, name="compat")
 app.add_typer(weights.app, name="weights")
 app.add_typer(evidence.app, name="evidence")
+app.add_typer(salt.app, name="salt")
 app.command("reset")(reset)
 app.command("probe")(probe)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)

@@ -53,7 +53,7 @@ class Canary:
             model = (await client.models())[0]
             metrics = await client.metrics()
             block = metrics.block_size or FALLBACK_BLOCK_SIZE
-            prompt, tokens = await _canary_prompt(client, model, block)
+            prompt, tokens = await unique_prompt(client, model, block)
             first = await client.complete(model, prompt, timeout=timeout)
             if not first.ok:
                 return cls(model, prompt, tokens, "none", None, f"canary request failed: {first.error}", timeout)
@@ -64,7 +64,7 @@ class Canary:
             return cls("", "", None, "none", None, f"could not prime the canary: {exc}")
         if not second.ok:
             return cls(model, prompt, tokens, "none", None, f"canary request failed: {second.error}", timeout)
-        cached = _cached_tokens(second)
+        cached = cached_tokens_of(second)
         if cached is not None:
             return cls(model, prompt, tokens, "cached_tokens", cached,
                        None if cached > 0 else "the canary showed no cache hit before the reset "
@@ -90,7 +90,7 @@ class Canary:
             return result
         delta = after.delta(before)
         result.local_hits, result.external_hits = delta.local_hits, delta.external_hits
-        result.cached_tokens = _cached_tokens(outcome)
+        result.cached_tokens = cached_tokens_of(outcome)
         counted = (delta.local_hits or 0) + (delta.external_hits or 0)
         counters_say = f"{delta.local_hits or 0:g} local + {delta.external_hits or 0:g} external hit token(s)"
         if self.signal == "cached_tokens" and result.cached_tokens is None:
@@ -115,16 +115,17 @@ class Canary:
         return result
 
 
-async def _canary_prompt(client: VllmClient, model: str, block_size: int) -> tuple[str, int | None]:
-    """A unique prompt of more than one KV block (two when max_model_len allows), sized with /tokenize."""
+async def unique_prompt(client: VllmClient, model: str, block_size: int, blocks: int = 2,
+                         label: str = "kvctl canary") -> tuple[str, int | None]:
+    """A unique prompt of more than one KV block (`blocks` when max_model_len allows), sized with /tokenize."""
     import secrets  # lazily: only --verify needs a nonce
 
     nonce = secrets.token_hex(4)
-    words = [f"kvctl canary {nonce}:"]
+    words = [f"{label} {nonce}:"]
     target = block_size + 1
     count, max_len = await client.tokenize(model, " ".join(words))
     if max_len:
-        target = min(2 * block_size + 1, max_len - 2) if max_len > 2 * block_size + 2 else block_size + 1
+        target = min(blocks * block_size + 1, max_len - 2) if max_len > 2 * block_size + 2 else block_size + 1
     filler = "the quick brown fox jumps over the lazy dog".split()
     i = 0
     while count < target:
@@ -137,7 +138,7 @@ async def _canary_prompt(client: VllmClient, model: str, block_size: int) -> tup
     return " ".join(words), count
 
 
-def _cached_tokens(outcome: CallOutcome) -> float | None:
+def cached_tokens_of(outcome: CallOutcome) -> float | None:
     body = outcome.body if isinstance(outcome.body, dict) else {}
     details = (body.get("usage") or {}).get("prompt_tokens_details")
     if isinstance(details, dict) and isinstance(details.get("cached_tokens"), (int, float)):

@@ -202,12 +202,14 @@ class VllmClient(HttpClientBase):
         return int(outcome.body["count"]), outcome.body.get("max_model_len")
 
     async def complete(self, model: str, prompt: str, max_tokens: int = 1,
-                       timeout: float | None = None) -> CallOutcome:
+                       timeout: float | None = None, cache_salt: str | None = None) -> CallOutcome:
         """POST /v1/completions, greedy, sent once: a completion is not idempotent for the cache
-        (a retried request would hit blocks its timed-out first attempt computed)."""
-        return await self.call("POST", "/v1/completions", json={
-            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0},
-            retries=0, timeout=timeout)
+        (a retried request would hit blocks its timed-out first attempt computed). `cache_salt`:
+        vLLM's request field (/v1/completions from 0.10.0), mixed into the request's block hashes."""
+        body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        return await self.call("POST", "/v1/completions", json=body, retries=0, timeout=timeout)
 
     # -- dev-mode actions ------------------------------------------------------------------
     async def reset_prefix_cache(self, version: Version, *, reset_external: bool,

@@ -209,6 +209,11 @@ class VllmDouble(WeightsModel, DoubleServer):
         weight_answers: completions derive from the weights that computed their KV, with
             log-probabilities, and ``cache_salt`` is honoured (:mod:`tests.doubles.vllm_weights`);
             off, answers are fixed words with ``logprobs: null`` and ``cache_salt`` is ignored.
+        cache_salt: honour ``cache_salt`` in the block hashes (vLLM 0.10.0+) whatever
+            ``weight_answers`` says; ``None``: as ``weight_answers``.
+        store_ignores_salt: a FAULT of the external tier (what LMCache's token-only keys do, LMCache
+            PR #2880): the store keys are built from the unsalted hashes, so a request salted with
+            one version loads KV another version stored; the local prefix cache still honours it.
         faults: a :class:`Faults`.
 
     State: ``calls``, ``paused``, ``pause_mode``, ``local_blocks`` (set of block hashes),
@@ -245,6 +250,8 @@ class VllmDouble(WeightsModel, DoubleServer):
         tensor_parallel: int = 1,
         data_parallel: int = 1,
         weight_answers: bool = False,
+        cache_salt: bool | None = None,
+        store_ignores_salt: bool = False,
     ) -> None:
         super().__init__(faults, name)
         self.version = version
@@ -271,6 +278,8 @@ class VllmDouble(WeightsModel, DoubleServer):
         # /collective_rpc methods the double's workers know: name -> f(kwargs) -> one worker's result
         self.rpc_methods: dict[str, Callable[[dict[str, Any]], Any]] = {}
         self._init_weights(weight_answers)  # reload_weights, and the weights each cached block holds
+        self.cache_salt = weight_answers if cache_salt is None else bool(cache_salt)
+        self.store_ignores_salt = bool(store_ignores_salt)
         self.engine_id = str(uuid.uuid4())
         self.created = int(time.time())
         self.start_time = time.time()
@@ -438,6 +447,8 @@ class VllmDouble(WeightsModel, DoubleServer):
         weights the hit KV was computed with)."""
         n, bs = len(ids), self.block_size
         hashes = self.block_hashes(ids, salt)
+        # the store's keys: the salted hashes, or (a store_ignores_salt fault) the unsalted ones
+        keyed = self.block_hashes(ids) if self.store_ignores_salt else hashes
         max_hit = (n - 1) // bs if n else 0
         local = 0
         while local < max_hit and hashes[local] in self.local_blocks:
@@ -446,16 +457,16 @@ class VllmDouble(WeightsModel, DoubleServer):
         if self._loads():
             assert self.store is not None
             while (local + external < max_hit
-                   and self.store_key(hashes[local + external]) in self.store):
+                   and self.store_key(keyed[local + external]) in self.store):
                 external += 1
-        kv = self.kv_weights(hashes, local, external)
+        kv = self.kv_weights(hashes[:local] + keyed[local:], local, external)
         new_blocks = [h for h in hashes if h not in self.local_blocks]
         self.local_blocks.update(hashes)
         new_keys: list[str] = []
         if self._saves():
             assert self.store is not None
-            new_keys = [k for k in (self.store_key(h) for h in hashes) if k not in self.store]
-            self.store.add_many(self.store_key(h) for h in hashes)
+            new_keys = [k for k in (self.store_key(h) for h in keyed) if k not in self.store]
+            self.store.add_many(self.store_key(h) for h in keyed)
         self.remember_weights(new_blocks, new_keys)
 
         local_tokens, external_tokens = local * bs, external * bs
@@ -640,7 +651,7 @@ class VllmDouble(WeightsModel, DoubleServer):
                 return self._error(503, "The engine is paused (double: timed out waiting for "
                                         "/resume).", "ServiceUnavailableError")
 
-        salt = body.get("cache_salt") if self.weight_answers and self.v >= V_CACHE_SALT else None
+        salt = body.get("cache_salt") if self.cache_salt and self.v >= V_CACHE_SALT else None
         local, external, kv = self._prefill(ids, max_tokens, salt)
         usage: dict[str, Any] = {
             "prompt_tokens": n,

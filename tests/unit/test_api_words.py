@@ -18,6 +18,7 @@ import typer
 import kvctl
 from kvctl.cli.probe import probe as cli_probe
 from kvctl.cli.reset import reset as cli_reset
+from kvctl.cli.salt import check as cli_salt_check
 from kvctl.cli.weights import update as cli_weights_update
 from kvctl.api_words import _COMMAND, FLAGS, for_python
 from kvctl.errors import KvctlError, UsageError
@@ -31,6 +32,8 @@ CLI_ONLY = {"--json": "an output format: the API returns the receipt", "--output
 # flags messages name that are not kvctl's, so no keyword stands for them
 FOREIGN = {
     "--enable-prompt-tokens-details": "vLLM's (start the server with it)",
+    "--enable-prefix-caching": "vLLM's (the same)",
+    "--no-checksums": "kvctl weights show's, which has no API twin",
     "--rpc_port": "mooncake_master's", "--metrics_port": "mooncake_master's",
     "--head": "ray start's", "--filter": "ray list actors'",
     "--serve": "kvctl's own store-client helper process (argv)", "--regex": "the same helper's argv",
@@ -69,10 +72,10 @@ def _kind(annotation: object) -> str:
 
 
 def test_the_table_is_the_clis_options() -> None:
-    """Each option of reset, probe and weights update is in FLAGS as its API keyword, of its kind; and
+    """Each option of reset, probe, weights update and salt check is in FLAGS as its API keyword, of its kind; and
     FLAGS holds nothing else (a flag renamed in the CLI fails here until the table follows)."""
     declared: dict[str, tuple[str, str]] = {}
-    for command in (cli_reset, cli_probe, cli_weights_update):
+    for command in (cli_reset, cli_probe, cli_weights_update, cli_salt_check):
         for flag, (name, kind) in _options(command).items():
             if flag in CLI_ONLY:
                 continue
@@ -85,7 +88,8 @@ def test_the_table_is_the_clis_options() -> None:
     assert set(FLAGS) - set(declared) == set(), "flags no command of the API's declares"
     for keyword, _ in FLAGS.values():  # and each keyword is one the API takes
         assert any(keyword in _api_keywords(name) for name in ("hard_reset_async", "probe_async",
-                                                                "update_weights_async")), keyword
+                                                                "update_weights_async",
+                                                                "check_salt_isolation_async")), keyword
 
 
 def _api_keywords(name: str) -> set[str]:

@@ -5,21 +5,47 @@ Completion runs kvctl once per <TAB>: these read the least they can (folder list
 for a run's processes; one template's YAML for --set; the run.json files, nothing else, for --url),
 start no process check, and never raise, so a broken template path or state dir completes nothing
 instead of printing a traceback into the user's prompt.
+
+Every name offered comes from disk (run folders, run.json, template files), and a shell inserts it
+into the command line as it is: only values that paste safely are offered (`_offer`), so a folder
+named `x$(...)`, `a;b`, with a newline, an escape sequence or a bidi control completes nothing.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import typer
+
+# what a shell takes as one plain word: no whitespace, quote, $, `, ;, |, &, <, >, *, ?, [, ], (, ), \, !,
+# ~, # or control character; a first character that is not '-' (an option) and at most 256 of them
+_SAFE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.:/@%+=,-]{0,255}")
+
+
+def _offer(values: Iterable[Any], incomplete: str) -> list[str]:
+    """The values that start with `incomplete` and paste safely (_SAFE), once each, in order."""
+    return [v for v in dict.fromkeys(values) if isinstance(v, str) and _SAFE.fullmatch(v) and v.startswith(incomplete)]
+
+
+def _run_name(name: str) -> bool:
+    """A name kvctl serve could have given a run (kvctl.serve.runs.check_name): another folder is no run."""
+    from kvctl.errors import UsageError
+    from kvctl.serve.runs import check_name
+
+    try:
+        return bool(check_name(name))
+    except UsageError:
+        return False
 
 
 def template_names(incomplete: str) -> list[str]:
     try:
         from kvctl.config.templates import discover
 
-        return [name for name in discover() if name.startswith(incomplete)]
+        return _offer(discover(), incomplete)
     except Exception:  # noqa: BLE001 - completion must never fail loudly
         return []
 
@@ -30,7 +56,7 @@ def run_names(incomplete: str) -> list[str]:
 
         base = runs_dir()
         names = sorted(p.parent.name for p in base.glob(f"*/{RUN_FILE}")) if base.is_dir() else []
-        return [name for name in names if name.startswith(incomplete)]
+        return _offer((n for n in names if _run_name(n)), incomplete)
     except Exception:  # noqa: BLE001
         return []
 
@@ -48,7 +74,7 @@ def replica_names(ctx: typer.Context, incomplete: str) -> list[str]:
         names = [r["name"] for r in data.get("replicas") or []]
         if (data.get("master") or {}).get("embedded"):
             names.append(MASTER)
-        return [n for n in names if isinstance(n, str) and n.startswith(incomplete)]
+        return _offer(names, incomplete)
     except Exception:  # noqa: BLE001
         return []
 
@@ -66,11 +92,11 @@ def set_keys(ctx: typer.Context, incomplete: str) -> list[str]:
         params = load(name, given.get("template_path")).parameters
         key, eq, value = incomplete.partition("=")
         if not eq:
-            return [f"{k}=" for k in params if k.startswith(incomplete)]
+            return _offer((f"{k}=" for k in params), incomplete)
         param = params.get(key)
         values = list(param.choices) if param and param.type == "choice" else ["true", "false"] \
             if param and param.type == "bool" else []
-        return [f"{key}={v}" for v in values if v.startswith(value)]
+        return _offer((f"{key}={v}" for v in values), f"{key}={value}")
     except Exception:  # noqa: BLE001
         return []
 
@@ -93,7 +119,7 @@ def replica_urls(incomplete: str) -> list[str]:
         schemes = ("http://", "https://")
         plain = bool(incomplete) and not any(s.startswith(incomplete) or incomplete.startswith(s) for s in schemes)
         offered = [u.split("://", 1)[-1] if plain else u for u in urls]
-        return [u for u in dict.fromkeys(offered) if u.startswith(incomplete)]
+        return _offer(offered, incomplete)
     except Exception:  # noqa: BLE001
         return []
 

@@ -172,3 +172,35 @@ def test_completion_is_fast_and_never_fails_on_a_bad_state_dir(tmp_path: Path) -
     (state / "runs" / "run00" / "run.json").write_text("{not json")
     assert len(complete("bash", "kvctl reset --url ", tmp_path)) == 196
     assert complete("bash", "kvctl logs run00 ", tmp_path) == []
+
+
+HOSTILE = ["evil$(touch pwned)", "a;rm -rf x", "two\nlines", "esc\x1b[31mred", "-rf", "sp ace", "`id`", "q'uote",
+           "glob*", "c1\x9bx", "bidi\u202ex", "back\\slash", "a|b", "x>y"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_offers_no_hostile_name(shell: str, tmp_path: Path) -> None:
+    """Issue 39 (low): a run folder, a user template file, a recorded replica name or URL with control
+    characters, a newline or shell metacharacters was offered raw, inserted into the command line as
+    typed; only names kvctl could have made (and that paste safely) are offered."""
+    state = tmp_path / "state"
+    for name in [*HOSTILE, "ok-run"]:
+        make_run(state, name)
+    assert complete(shell, "kvctl status --run ", tmp_path) == ["ok-run"]
+    assert complete(shell, "kvctl logs ", tmp_path) == ["ok-run"]
+    folder = state / "runs" / "rl"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({
+        "name": "rl", "state": "running", "master": {"embedded": True},
+        "replicas": [{"name": "r0", "url": "http://127.0.0.1:8000"}]
+        + [{"name": n, "url": f"http://127.0.0.1:9/{n}"} for n in HOSTILE]}))
+    assert complete(shell, "kvctl logs rl ", tmp_path) == ["r0", "master"]
+    # "-rf" inside a URL is one plain word: harmless there
+    assert complete(shell, "kvctl reset --url ", tmp_path) == ["http://127.0.0.1:8000", "http://127.0.0.1:9/-rf"]
+    user = tmp_path / "templates"
+    user.mkdir()
+    for name in [*HOSTILE[:4], "mine"]:
+        if "/" not in name:
+            (user / f"{name}.yaml").write_text("name: x\n")
+    offered = complete(shell, "kvctl config show ", tmp_path, KVCTL_TEMPLATE_PATH=str(user))
+    assert "mine" in offered and not any(c in "".join(offered) for c in "$;\n\x1b ")

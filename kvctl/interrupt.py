@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+# Every signal that ends a process in the foreground of a terminal: Ctrl-C, Ctrl-\ (SIGQUIT), a closed
+# terminal or a dropped SSH session (SIGHUP), and kill / timeout / systemd (SIGTERM).
+TERMINAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                         if hasattr(signal, name))
 _PREFIX = "kvctl interrupted by "
 
 
@@ -58,3 +63,48 @@ def exit_code_for(signal_name: str) -> int:
         return 128 + int(signal.Signals[signal_name])
     except KeyError:
         return 130
+
+
+@contextmanager
+def raising_once(signals: tuple[signal.Signals, ...] = TERMINAL_SIGNALS) -> Iterator[list[str]]:
+    """The first of `signals` raises KeyboardInterrupt where the code runs (as Ctrl-C does), so that its
+    clean-up runs (kvctl serve stops everything it started); a later one while that clean-up runs is
+    noted in the yielded list, not obeyed. Outside the main thread nothing changes. Handlers restored after."""
+    seen: list[str] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        seen.append(signal.Signals(signum).name)
+        if len(seen) == 1:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    with _handlers(signals, on_signal):
+        yield seen
+
+
+@contextmanager
+def deferred(signals: tuple[signal.Signals, ...] = TERMINAL_SIGNALS) -> Iterator[None]:
+    """Hold `signals` until the block ends, then deliver them to the handlers of before: a child process
+    started inside the block is kept (recorded, given to whoever stops it) before a handler can raise,
+    which between a child's start and the caller's assignment would leave it running with no handle."""
+    held: list[int] = []
+    try:
+        with _handlers(signals, lambda signum, frame: held.append(signum)):
+            yield
+    finally:
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)  # the restored handler runs now (KeyboardInterrupt, or the default action)
+
+
+@contextmanager
+def _handlers(signals: tuple[signal.Signals, ...], handler: Callable[[int, Any], None]) -> Iterator[bool]:
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals are not ours to handle here
+        pass
+    try:
+        yield bool(previous)
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before if before is not None else signal.SIG_DFL)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -71,8 +70,11 @@ def serve(
         state_dir=state_dir, template_path=template_path, health_timeout=health_timeout, replace=replace,
         foreground=not detach, ray=ray, ray_master_resource=ray_master_resource,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    from kvctl.interrupt import raising_once
+
+    # Ctrl-C, Ctrl-\ (SIGQUIT), a closed terminal or SSH session (SIGHUP), kill/timeout/systemd (SIGTERM): the first
+    # stops everything this serve started; one more while that runs is not obeyed (kvctl.interrupt)
+    with raising_once():
         try:
             record = start_run(spec, on_event=_Progress(quiet=json_out))
         except KeyboardInterrupt:
@@ -84,8 +86,6 @@ def serve(
                         f"{record.name}"))
             return
         raise typer.Exit(_supervise(record, json_out))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_name(name: str | None, alias: str | None) -> str | None:
@@ -125,14 +125,10 @@ def _supervise(record: Any, json_out: bool) -> int:
                 _report_stop(stop_run(record))
                 return EXIT_FAILED
             time.sleep(1.0)
-    except KeyboardInterrupt:
-        _say("stopping ...")
+    except KeyboardInterrupt as exc:
+        _say(f"stopping ({exc.args[0] if exc.args else 'SIGINT'}) ...")
         _report_stop(stop_run(record))
         return 0
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 class _Progress:
@@ -187,7 +183,10 @@ def escape(text: str) -> str:
 def _say(text: str) -> None:
     from kvctl.cli.output import err_console
 
-    err_console().print(text, highlight=False, soft_wrap=True)
+    try:
+        err_console().print(text, highlight=False, soft_wrap=True)
+    except (OSError, SystemExit):  # the terminal is gone (SIGHUP; Rich turns a broken pipe into SystemExit(1)):
+        pass  # what serve does next, stopping its fleet, must still run
 
 
 def _show_run(record: Any, json_out: bool) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from kvctl._version import __version__
 from kvctl.errors import KvctlError, UsageError
 from kvctl.facts.compat import layout_of
+from kvctl.interrupt import deferred
 from kvctl.serve import cpu_binding, procs, runs
 from kvctl.serve.gpus import allocate, allocation_lock, held_by_runs
 from kvctl.serve.lifecycle import claim_run, stop_run
@@ -182,10 +183,11 @@ def _allocate_and_spawn(spec: ServeSpec, install: VllmInstall, bundle: Any, port
         command = replica_command(install, spec.model, spec.host, port, bundle.kv_transfer_config, spec.extra_args,
                                   dp_rpc_port=dp_ports[i])
         log = record.path / "logs" / f"{name}.log"
-        _, ref = procs.spawn(command, env, log, f"replica {name}", cwd=private)
-        try:  # recorded before anything else can interrupt: stop_run must know every process
+        with deferred():  # a signal is held until the replica is in the record that stop_run reads
+            _, ref = procs.spawn(command, env, log, f"replica {name}", cwd=private)
             record.replicas.append(ReplicaRecord(name, f"http://{_url_host(spec.host)}:{port}", port, ref,
                                                  str(log), gpu, env.get(cpu_binding.BIND_ENV) if install.cpu else None))
+        try:  # recorded before anything else can interrupt: stop_run must know every process
             record.save()
         except BaseException:
             procs.stop(ref, grace=0)

@@ -226,21 +226,26 @@ class MasterProcess:
         return port
 
     def _launch(self) -> None:
+        from kvctl.interrupt import deferred
+
         command = self.command()
         self._log = procs.open_log(self.log_path)  # closed in stop()
-        try:
-            self._proc = procs.popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                                     preexec_fn=procs.parent_death_signal() if self.die_with_parent else None)
-        except OSError as exc:
-            self._log.close()
-            self._log = None
-            raise MasterError(f"cannot run {command[0]}: {exc}", INSTALL_HINT) from None
-        except BaseException:  # e.g. Ctrl-C inside Popen (procs.popen killed any child it made)
-            self._log.close()
-            self._log = None
-            raise
-        self.pid = self._proc.pid
+        # a signal between the child's start and this assignment left a master nobody could stop: held
+        # until self._proc is kept (then start() stops it)
+        with deferred():
+            try:
+                self._proc = procs.popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                                         preexec_fn=procs.parent_death_signal() if self.die_with_parent else None)
+            except OSError as exc:
+                self._log.close()
+                self._log = None
+                raise MasterError(f"cannot run {command[0]}: {exc}", INSTALL_HINT) from None
+            except BaseException:  # e.g. an error inside Popen (procs.popen killed any child it made)
+                self._log.close()
+                self._log = None
+                raise
+            self.pid = self._proc.pid
         self.start_time = _process_start_time(self.pid)
         if self.on_launch is not None:
             self.on_launch(self)  # e.g. record the process before waiting for it to be ready

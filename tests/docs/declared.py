@@ -65,6 +65,8 @@ NOT_RUN: dict[tuple[str, str, str], str] = {
      "writes one and runs kvctl status, runs, stop and rm on it",
     ("docs/verl.md", "# conf/trainer.yaml", ""): "verl's Hydra config; tests/unit/config/test_verl.py composes it "
      "with verl's own config code",
+    ("docs/salting.md", "POST /v1/chat/completions", ""): "a request's first line and JSON body, shown (no command); "
+     "the Python block below it sends salted requests to vLLM doubles",
     ("docs/python-api.md", "# verl, after loading new weights into the rollout engines (vLLM >= 0.13)", ""):
         "verl's own code, quoted (it runs inside verl's engines)",
     ("docs/reset.md", "master: [10.0.0.5:9003, 10.0.0.6:9003]", ""):
@@ -140,6 +142,18 @@ SETUP: dict[tuple[str, str], list[str]] = {
 CALLS: dict[tuple[str, str], str] = {
     ("docs/python-api.md", "import kvctl"): "after_weight_update(rollout_urls)",
     ("docs/python-api.md", "import kvctl #2"): "after_checkpoint(121, CHECKPOINT, rollout_urls)",
+    # a salted loop's run start, a rollout under v0, an update (no weights pushed) and a rollout under v1
+    ("docs/salting.md", "import uuid"): """start_run(rollout_urls, MASTER)
+async def _loop():
+    async def push_weights():
+        pass
+    async with httpx.AsyncClient(timeout=30) as client:
+        for url in rollout_urls:
+            await rollout(client, url, "The capital of France is", 0)
+        await update(client, rollout_urls, push_weights)
+        for url in rollout_urls:
+            await rollout(client, url, "The capital of France is", 1)
+asyncio.run(_loop())""",
 }
 SNIPPET_CONTEXT = """import asyncio, logging, sys
 import kvctl
@@ -147,6 +161,7 @@ logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 log = logging.getLogger("docs")
 rollout_urls = ["http://{replica_c}", "http://{replica_d}"]
 CHECKPOINT = "{checkpoint}"
+MASTER = "{master_admin}"
 """
 # The user-template example of docs/templates.md runs in its own test (test_user_template_example_...).
 TESTED_BELOW = {("docs/templates.md", "name: my-store")}

@@ -1,0 +1,419 @@
+"""What dead weight versions cost the Mooncake store, salt against reset (issue 36 item 4).
+
+A loop that salts its requests by policy version (SkyRL, prime-rl, torchtitan; docs/salting.md)
+never resets: when it moves from version N to N+1, version N's keys stay in the store (their salt is
+inside the block hash, so nothing can find them by name) until the master's eviction takes them. This
+script measures, on a real `mooncake_master` and a real store client, how fast that eviction gives the
+space back and what the live version's hit rate is meanwhile, against a reset at the update (kvctl's
+master clear, `MasterAdmin.remove_all(force=True)`).
+
+One store client plays the replicas: it contributes the global segment (embedded mode, as a vLLM
+replica with MooncakeStoreConnector does) and sends vLLM's traffic pattern: keys named as vLLM's
+connector names them (`model@tp_rank:0@...@group:0@<64 hex block hash>`), values the size of one KV
+block of the tiny test model (2 layers x K,V x 128 tokens x 2 heads x 32 dims x float32 = 128 KiB),
+a lookup (`batch_is_exist`, which gives the key a read lease as vLLM's lookup does) before every load
+or store, a store (`put_batch`) of every block the lookup missed. No vLLM runs: this is the store's
+side only (the replicas' own prefix caches are not modelled; a block the store lost is one the
+replica must prefill again).
+
+Each scenario, on a fresh master:
+  1. version N: `--fill` of the capacity written, every block read once, then random re-reads for
+     `--warm-s` seconds (its traffic up to the update: the blocks read last hold a read lease at the
+     update);
+  2. the update: `reset` clears the master (kvctl's forced remove_all); `salt` does nothing;
+  3. version N+1 for `--live-s` seconds: new blocks at `--new-rate` blocks/s until N+1's own working
+     set (`--fill` of the capacity again) is written, and re-references of earlier N+1 blocks at
+     `--reuse-rate` (a GRPO group's k samples, a multi-turn rollout's next turn): hit if the store still
+     has it, else stored again; for the first `--inflight-s` seconds also re-references of version N
+     blocks at `--inflight-rate` (groups that started under N and still generate: the salt keeps their
+     KV, a reset does not).
+Sampled every `--sample-s`: the master's allocated bytes, its key count, how many of the keys it
+lists are version N's (the script knows each key's version; the store cannot), its eviction and
+failed-put counters.
+
+Writes benchmarks/versions.json and the section "Dead weight versions" of docs/performance.md.
+
+    python benchmarks/versions.py [--quick] [--segment-mb 256] [--block-kib 128]
+    python benchmarks/versions.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import BENCH_DIR, ROOT, log, replace_section  # noqa: E402
+from kvctl.serve.master_process import MasterProcess  # noqa: E402
+from kvctl.transport.master_admin import MasterAdmin  # noqa: E402
+
+RESULTS = BENCH_DIR / "versions.json"
+DOC = ROOT / "docs" / "performance.md"
+BEGIN, END = "<!-- versions:begin (benchmarks/versions.py) -->", "<!-- versions:end -->"
+MB = 1024 * 1024
+KEY_PREFIX = "tiny-llama@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"  # vLLM 0.32's PoolKey, no cache_prefix
+BATCH = 16  # blocks per lookup/store call (one request's prompt of 16 blocks)
+
+# name -> (what happens at the update, master flags, what it shows)
+SCENARIOS: dict[str, tuple[str, list[str], str]] = {
+    "reset": ("reset", [], "kvctl's master clear at the update (default eviction flags)"),
+    "salt": ("salt", [], "salted, no reset; Mooncake's default eviction (high watermark 0.9, ratio 0.05)"),
+    "salt-eager": ("salt", ["--eviction_high_watermark_ratio=0.7", "--eviction_ratio=0.2"],
+                   "salted, no reset; eviction from 70% full, 20% a cycle"),
+    "salt-short-lease": ("salt", ["--default_kv_lease_ttl=1000"],
+                         "salted, no reset; default eviction, read lease 1 s instead of 10 s"),
+}
+
+
+def block_key(version: int, i: int) -> str:
+    """A key as vLLM's store connector names it: the version is inside the hash, invisible to the store."""
+    return KEY_PREFIX + hashlib.sha256(f"salt=v{version}/block={i}".encode()).hexdigest()
+
+
+@dataclass
+class Counters:
+    lookups: int = 0
+    hits: int = 0
+
+    def rate(self) -> float | None:
+        return None if not self.lookups else self.hits / self.lookups
+
+
+@dataclass
+class Run:
+    name: str
+    update: str
+    flags: list[str]
+    what: str
+    capacity_blocks: int = 0
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    live: dict[str, Counters] = field(default_factory=dict)  # window -> N+1 re-references
+    inflight: Counters = field(default_factory=Counters)  # version N re-references after the update
+    store_misses: int = 0  # N+1 blocks stored again after a miss
+    put_calls_failed: int = 0
+    update_s: float = 0.0
+    removed: int | None = None
+    n_keys_written: int = 0
+    n1_keys_written: int = 0
+
+
+def metrics(client: httpx.Client, admin: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in client.get(f"{admin}/metrics").text.splitlines():
+        if line.startswith("master_") and " " in line:
+            name, _, value = line.partition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def connect(rpc: str, segment_mb: int):  # type: ignore[no-untyped-def]
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", segment_mb * MB, 64 * MB, "tcp", "", rpc)
+    if rc != 0:
+        raise RuntimeError(f"store client setup returned {rc}")
+    return store
+
+
+def touch(store, keys: list[str], value: bytes, run: Run, counters: Counters | None) -> int:  # type: ignore[no-untyped-def]
+    """vLLM's path for one request: look the blocks up, store the ones missing. Returns blocks stored."""
+    exists = store.batch_is_exist(keys)
+    missing = [k for k, e in zip(keys, exists) if e != 1]
+    if counters is not None:
+        counters.lookups += len(keys)
+        counters.hits += len(keys) - len(missing)
+    if missing:
+        rc = store.put_batch(missing, [value] * len(missing))
+        if rc != 0:
+            run.put_calls_failed += 1
+    return len(missing)
+
+
+def run_scenario(name: str, args: argparse.Namespace, work: Path) -> Run:
+    update, flags, what = SCENARIOS[name]
+    run = Run(name, update, flags, what)
+    block = args.block_kib * 1024
+    value = os.urandom(block)
+    run.capacity_blocks = args.segment_mb * MB // block
+    working_set = int(run.capacity_blocks * args.fill)
+    rng = random.Random(7)
+    master = MasterProcess(log_path=work / f"master-{name}.log", extra_args=flags)
+    master.start()
+    admin = master.admin_url
+    http = httpx.Client(timeout=30, trust_env=False)
+    store = connect(master.rpc_address, args.segment_mb)
+    try:
+        # 1. version N: its working set, then its traffic up to the update
+        n_keys = [block_key(0, i) for i in range(working_set)]
+        for first in range(0, len(n_keys), BATCH):
+            touch(store, n_keys[first:first + BATCH], value, run, None)
+        run.n_keys_written = len(n_keys)
+        for first in range(0, len(n_keys), BATCH):  # its traffic: every block read at least once
+            touch(store, n_keys[first:first + BATCH], value, run, None)
+        end = time.monotonic() + args.warm_s
+        while time.monotonic() < end:
+            first = rng.randrange(0, max(1, len(n_keys) - BATCH))
+            touch(store, n_keys[first:first + BATCH], value, run, None)
+            time.sleep(BATCH / args.reuse_rate)
+        n_set = set(n_keys)
+        # 2. the update
+        t0 = time.monotonic()
+        if update == "reset":
+            run.removed = asyncio.run(MasterAdmin(master.admin_address).remove_all(force=True))
+        run.update_s = time.monotonic() - t0
+        # 3. version N+1 with traffic
+        n1_keys: list[str] = []
+        start = time.monotonic()
+        next_sample = 0.0
+        base = metrics(http, admin)
+        credit_new = credit_reuse = credit_inflight = 0.0
+        last = start
+        while True:
+            now = time.monotonic()
+            t = now - start
+            if t >= next_sample:
+                m = metrics(http, admin)
+                listed = http.get(f"{admin}/get_all_keys").text.split()
+                dead = sum(1 for k in listed if k in n_set)
+                run.timeline.append({
+                    "t": round(t, 3), "allocated_bytes": m.get("master_allocated_bytes", 0.0),
+                    "capacity_bytes": m.get("master_total_capacity_bytes", 0.0),
+                    "keys": len(listed), "dead_keys": dead, "live_keys": len(listed) - dead,
+                    "evicted_keys": m.get("master_evicted_key_count", 0.0) - base.get("master_evicted_key_count", 0.0),
+                    "failed_put_items": (m.get("master_batch_put_start_failed_items_total", 0.0)
+                                         - base.get("master_batch_put_start_failed_items_total", 0.0)),
+                    "n1_written": len(n1_keys),
+                    "live_lookups": sum(c.lookups for c in run.live.values()),
+                    "live_hits": sum(c.hits for c in run.live.values()),
+                })
+                next_sample += args.sample_s
+            if t >= args.live_s:
+                break
+            dt, last = now - last, now
+            credit_new += dt * args.new_rate if len(n1_keys) < working_set else 0.0
+            credit_reuse += dt * args.reuse_rate
+            credit_inflight += dt * args.inflight_rate if t < args.inflight_s else 0.0
+            window = f"{int(t // 10) * 10}-{int(t // 10) * 10 + 10}s"
+            live = run.live.setdefault(window, Counters())
+            if credit_new >= BATCH:
+                credit_new -= BATCH
+                fresh = [block_key(1, i) for i in range(len(n1_keys), min(working_set, len(n1_keys) + BATCH))]
+                n1_keys.extend(fresh)
+                touch(store, fresh, value, run, None)
+            if credit_reuse >= BATCH and len(n1_keys) >= BATCH:
+                credit_reuse -= BATCH
+                first = rng.randrange(0, len(n1_keys) - BATCH + 1)
+                run.store_misses += touch(store, n1_keys[first:first + BATCH], value, run, live)
+            if credit_inflight >= BATCH:
+                credit_inflight -= BATCH
+                first = rng.randrange(0, max(1, len(n_keys) - BATCH))
+                touch(store, n_keys[first:first + BATCH], value, run, run.inflight)
+            time.sleep(0.002)
+        run.n1_keys_written = len(n1_keys)
+    finally:
+        http.close()
+        store.close()
+        master.stop()
+    return run
+
+
+# -- the report ---------------------------------------------------------------------------------------
+def first_time(timeline: list[dict[str, Any]], pred) -> float | None:  # type: ignore[no-untyped-def]
+    for row in timeline:
+        if pred(row):
+            return row["t"]
+    return None
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    tl = run["timeline"]
+    n0 = run["n_keys_written"]
+    dead0 = tl[0]["dead_keys"] if tl else 0
+    last = tl[-1] if tl else {}
+    live = run["live"]
+    total = {"lookups": sum(c["lookups"] for c in live.values()), "hits": sum(c["hits"] for c in live.values())}
+
+    def rate(c: dict[str, int] | None) -> float | None:
+        return None if not c or not c["lookups"] else c["hits"] / c["lookups"]
+    return {
+        "dead_at_update": dead0, "dead_written": n0,
+        "dead_half_gone_s": first_time(tl, lambda r: r["dead_keys"] <= n0 / 2),
+        "dead_gone_s": first_time(tl, lambda r: r["dead_keys"] == 0),
+        "dead_at_end": last.get("dead_keys"), "end_s": last.get("t"),
+        "peak_used": max((r["allocated_bytes"] / r["capacity_bytes"] for r in tl if r["capacity_bytes"]), default=None),
+        "live_hit_rate": rate(total), "live_hit_first_10s": rate(live.get("0-10s")),
+        "live_hit_last_10s": rate(live[max(live, key=lambda w: int(w.split("-")[0]))]) if live else None,
+        "live_hit_windows": {w: rate(c) for w, c in sorted(live.items(), key=lambda kv: int(kv[0].split("-")[0]))},
+        "inflight_hit_rate": rate(run["inflight"]),
+        "failed_put_items": last.get("failed_put_items"), "evicted_keys": last.get("evicted_keys"),
+        "n1_written": run["n1_keys_written"], "live_at_end": last.get("live_keys"), "removed": run.get("removed"),
+    }
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def secs(x: float | None) -> str:
+    return "never" if x is None else f"{x:.1f} s"
+
+
+def render(data: dict[str, Any]) -> str:
+    cfg = data["config"]
+    cap = data["runs"][0]["capacity_blocks"] if data["runs"] else 0
+    lines = [BEGIN, "## 9. Dead weight versions in the store: salt against reset", "",
+             ("A loop that salts requests by policy version never resets: version N's keys stay in the Mooncake store "
+              "until its eviction takes them ([salting.md](salting.md)). Measured on a real `mooncake_master` "
+              f"(Mooncake {data['mooncake']}) with one real store client contributing a {cfg['segment_mb']} MB "
+              f"segment ({cap} blocks of {cfg['block_kib']} KiB, the tiny test model's KV block) and sending vLLM's "
+              "pattern: keys named as vLLM 0.32's MooncakeStoreConnector names them, a lookup (`batch_is_exist`, "
+              "which gives a read lease) before every load or store, a store of every block it missed. Version N "
+              f"fills {pct(cfg['fill'])} of the store, every block is read once and then at random for "
+              f"{cfg['warm_s']:g} s up to the update; then "
+              f"version N+1 writes its own working set of the same size at {cfg['new_rate']:g} blocks/s and "
+              f"re-references earlier N+1 blocks at {cfg['reuse_rate']:g} blocks/s (a group's next sample, a "
+              f"rollout's next turn) for {cfg['live_s']:g} s, while groups started under N still re-reference N "
+              f"blocks for the first {cfg['inflight_s']:g} s at {cfg['inflight_rate']:g} blocks/s. The live hit rate "
+              "is the share of N+1 re-references the store still had (a miss is a block a replica prefills "
+              "again); no vLLM runs here (`make bench-versions` measures it again, "
+              f"{data['date']}, {data['wall_s']:.0f} s)."), "",
+             "| update | master flags | N keys at the update | half of them gone | N keys left at the end "
+             "| live hit rate per 10 s after the update | live, overall | in-flight N | keys evicted |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for run in data["runs"]:
+        s = summarize(run)
+        flags = " ".join(f"`{f}`" for f in run["flags"]) or "defaults"
+        windows = " / ".join(pct(r) for r in s["live_hit_windows"].values())
+        lines.append(
+            f"| {run['name']}: {run['what']} | {flags} | {s['dead_at_update']} of {s['dead_written']} | "
+            f"{secs(s['dead_half_gone_s'])} | {s['dead_at_end']} (at {s['end_s']:.0f} s) | {windows} | "
+            f"{pct(s['live_hit_rate'])} | {pct(s['inflight_hit_rate'])} | {s['evicted_keys']:.0f} |")
+    lines += ["", ("N keys: the keys of version N the master lists (after a reset, those that in-flight groups stored "
+                   "again). Live hit rate: the share of N+1 re-references the store still had. In-flight N: the same "
+                   "for version-N groups still generating after the update. Keys evicted: by the master's eviction, "
+                   "dead and live alike.")]
+    lines += ["", *data.get("findings", []), "", END]
+    return "\n".join(lines) + "\n"
+
+
+def findings(data: dict[str, Any]) -> list[str]:
+    """What the numbers say, computed from them (never written by hand)."""
+    runs = {r["name"]: summarize(r) for r in data["runs"]}
+    out: list[str] = []
+    reset, salt = runs.get("reset"), runs.get("salt")
+    if reset and salt:
+        out.append(
+            f"- Live version: {pct(salt['live_hit_rate'])} of N+1 re-references hit with the salt and default eviction, "
+            f"{pct(reset['live_hit_rate'])} after a reset; in-flight N groups: {pct(salt['inflight_hit_rate'])} with "
+            f"the salt, {pct(reset['inflight_hit_rate'])} after the reset (it removed all {reset['removed']} keys, "
+            "the in-flight groups' with the dead ones: the salt is inside the hash, no key says its version).")
+        out.append(
+            f"- Dead keys: with the salt, {salt['dead_at_end']} of {salt['dead_written']} version-N keys were still "
+            f"in the store after {salt['end_s']:.0f} s; eviction took {salt['evicted_keys']:.0f} keys in all and "
+            f"{int(salt['failed_put_items'] or 0)} block stores failed for want of space (a reset: "
+            f"{int(reset['failed_put_items'] or 0)}).")
+        windows = ", ".join(f"{w} {pct(r)}" for w, r in salt["live_hit_windows"].items())
+        out.append(f"- With the salt and default flags, the live hit rate per 10 s after the update: {windows}; "
+                   f"half of version N's keys were gone after {secs(salt['dead_half_gone_s'])}.")
+    for name in ("salt-eager", "salt-short-lease"):
+        if name in runs:
+            s = runs[name]
+            out.append(f"- {name}: live hit rate {pct(s['live_hit_rate'])} ({pct(s['live_hit_first_10s'])} in the "
+                       f"first 10 s), in-flight N {pct(s['inflight_hit_rate'])}, half of N's keys gone after "
+                       f"{secs(s['dead_half_gone_s'])}, {s['dead_at_end']} left at the end, "
+                       f"{int(s['failed_put_items'] or 0)} failed stores.")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--segment-mb", type=int, default=256, help="the store client's global segment (the store's capacity)")
+    parser.add_argument("--block-kib", type=int, default=128, help="one KV block's size (the tiny model's: 128)")
+    parser.add_argument("--fill", type=float, default=0.85, help="each version's working set, as a share of capacity")
+    parser.add_argument("--warm-s", type=float, default=3.0)
+    parser.add_argument("--live-s", type=float, default=40.0)
+    parser.add_argument("--new-rate", type=float, default=200.0, help="new N+1 blocks per second")
+    parser.add_argument("--reuse-rate", type=float, default=400.0, help="N+1 re-references per second")
+    parser.add_argument("--inflight-s", type=float, default=5.0)
+    parser.add_argument("--inflight-rate", type=float, default=200.0)
+    parser.add_argument("--sample-s", type=float, default=0.5)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--quick", action="store_true", help="20 s of N+1 traffic")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--doc", type=Path, default=DOC)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    if args.report_only:
+        data = json.loads(args.out.read_text())
+        data["findings"] = findings(data)
+        replace_section(args.doc, BEGIN, END, render(data))
+        log(f"wrote the versions section of {args.doc}")
+        return 0
+    if args.quick:
+        args.live_s = min(args.live_s, 20.0)
+    from importlib.metadata import version as dist_version
+
+    mooncake = "unknown"
+    for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine", "mooncake-transfer-engine-cuda13"):
+        try:
+            mooncake = dist_version(dist)
+            break
+        except Exception:  # noqa: BLE001 - the next distribution name
+            continue
+    began = time.monotonic()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="kvctl-versions-") as tmp:
+        for name in args.scenarios.split(","):
+            log(f"scenario {name}")
+            run = run_scenario(name, args, Path(tmp))
+            runs.append(run)
+            log(f"  {json.dumps(summarize(run_to_dict(run)))}")
+    data = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mooncake": mooncake,
+        "wall_s": time.monotonic() - began,
+        "config": {k: getattr(args, k) for k in ("segment_mb", "block_kib", "fill", "warm_s", "live_s", "new_rate",
+                                                  "reuse_rate", "inflight_s", "inflight_rate", "sample_s")},
+        "runs": [run_to_dict(r) for r in runs],
+    }
+    data["findings"] = findings(data)
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    replace_section(args.doc, BEGIN, END, render(data))
+    log(f"wrote {args.out} and the versions section of {args.doc}")
+    return 0
+
+
+def run_to_dict(run: Run) -> dict[str, Any]:
+    return {
+        "name": run.name, "update": run.update, "flags": run.flags, "what": run.what,
+        "capacity_blocks": run.capacity_blocks, "n_keys_written": run.n_keys_written,
+        "n1_keys_written": run.n1_keys_written, "update_s": run.update_s, "removed": run.removed,
+        "store_misses": run.store_misses, "put_calls_failed": run.put_calls_failed,
+        "live": {k: {"lookups": c.lookups, "hits": c.hits} for k, c in run.live.items()},
+        "inflight": {"lookups": run.inflight.lookups, "hits": run.inflight.hits},
+        "timeline": run.timeline,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,12 +13,26 @@ validate, inventories, run records, the live replicas' /server_info and the Pyth
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from kvctl.errors import UsageError
 
 SEPARATOR = "@"
 MAX_LENGTH = 128
+
+# The whole key vLLM's MooncakeStoreConnector writes (PoolKey.build_prefix + build_key_string; store/data.py
+# from 0.24.0, store/layout.py:84-97 in 0.34.0), the chunk hash being BlockHash.hex():
+#   <cache_prefix>@<model basename><store_namespace>@tp_rank:N@pcpN@dcpN@pp_rank:N@group:N@<hex>
+# The model is model_config.model.rstrip("/").split("/")[-1] (store/worker.py): no "@" in any model kvctl knows.
+# store_namespace ("" or "@store_tp:4@store_pp:1@store_format:...@store_schema:...": KeyMetadata.store_namespace)
+# is written from 0.30.0 (store/data.py:117 in 0.32.0); before it the ranks follow the model directly.
+STORE_NAMESPACE_SINCE = Version("0.30.0")
+_NAMESPACE = "(@store_[a-z_]+:[^@]*)*"
+_RANKS = "@tp_rank:[0-9]+@pcp[0-9]+@dcp[0-9]+@pp_rank:[0-9]+@group:[0-9]+@[0-9a-f]+$"
 
 
 def cache_prefix_problem(value: Any) -> tuple[str, str] | None:
@@ -56,6 +70,26 @@ def key_prefix(cache_prefix: str | None) -> str | None:
     if not cache_prefix:
         return None
     return cache_prefix + SEPARATOR
+
+
+def key_pattern(cache_prefix: str | None, versions: Iterable[str | None] | None = None) -> str | None:
+    """The regex (ECMAScript and Python alike: Mooncake's remove_by_regex and kvctl's count) of exactly
+    this deployment's keys: `<cache_prefix>@` followed by the rest of a key as vLLM builds it, for the
+    releases given (None, or an unknown release among them: every release's shape). A key of another
+    deployment whose prefix merely starts with this one (`rl@eval` beside `rl`, which plain vLLM allows)
+    is `rl@eval@<model>@tp_rank:...`: its model segment is followed by `@model`, not a rank, so it does
+    not match. None: no prefix, nothing to scope by."""
+    if not cache_prefix:
+        return None
+    namespaced = versions is None or any(_from_namespace(v) for v in versions)
+    return "^" + re.escape(cache_prefix) + SEPARATOR + "[^@]+" + (_NAMESPACE if namespaced else "") + _RANKS
+
+
+def _from_namespace(version: str | None) -> bool:
+    try:
+        return version is None or Version(version) >= STORE_NAMESPACE_SINCE
+    except InvalidVersion:
+        return True
 
 
 def cache_prefixes_in(kv_transfer_config: Any, where: str = "kv_transfer_config") -> list[tuple[str, Any]]:

@@ -96,7 +96,8 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
                 for r in plan.replicas}
     live = [r for r in plan.replicas if r.error is None]
     master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix, rpc_address=plan.master_rpc,
-                           planned_address=plan.master, tenancy=plan.tenancy) if plan.master else None
+                           planned_address=plan.master, tenancy=plan.tenancy,
+                           key_pattern=master_clear.deployment_pattern(plan)) if plan.master else None
     sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), opts.concurrency))
     canaries: dict[str, verify.Canary] = {}
 

@@ -16,13 +16,12 @@ proof), and before one when the master holds few enough keys (EXACT_BEFORE_MAX) 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from kvctl.facts.cache_prefix import key_prefix
+from kvctl.facts.cache_prefix import key_pattern, key_prefix
 from kvctl.reset.plan import Plan, ResetOptions, ha_group
 from kvctl.reset.receipt import MasterReceipt, OpResult
 from kvctl.transport.pool import HttpPool
@@ -74,7 +73,7 @@ async def count_before(master: MasterReceipt, plan: Plan, http: HttpPool) -> Cou
     from kvctl.transport.master_admin import MasterAdmin
 
     async with MasterAdmin(master.address, timeout=plan.options.timeout, pool=http) as admin:
-        return await _count_before(admin, key_prefix(plan.cache_prefix), master.tenancy == "on")
+        return await _count_before(admin, key_prefix(plan.cache_prefix), master.tenancy == "on", master.key_pattern)
 
 
 async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store: Any = None,
@@ -117,6 +116,13 @@ async def prepare_store_session(plan: Plan) -> Any:
         return None
 
 
+def deployment_pattern(plan: Plan) -> str | None:
+    """The regex of exactly this deployment's keys on the master, in the shape the replicas' vLLM
+    releases write (kvctl.facts.cache_prefix.key_pattern): what a scoped clear removes and counts as its
+    own. None: no cache_prefix."""
+    return key_pattern(plan.cache_prefix, [r.version for r in plan.replicas if r.error is None])
+
+
 def _with_fix(exc: Any) -> str:
     """A KvctlError's message and its fix, for a receipt that has one error field."""
     return exc.message + (f"; fix: {exc.hint}" if exc.hint else "")
@@ -134,16 +140,16 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
     opts, prefix, scope = plan.options, key_prefix(plan.cache_prefix), plan.master_clear_scope
     master.scope = scope
     async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
-        counted = await (before or _count_before(admin, prefix, master.tenancy == "on"))
+        counted = await (before or _count_before(admin, prefix, master.tenancy == "on", master.key_pattern))
         master.keys_before, master.others_before = counted.mine, counted.others
         master.total_before = counted.total
-        removed, how = await _remove(admin, plan, prefix, master.rpc_address, store)
+        removed, how = await _remove(admin, plan, master.key_pattern, master.rpc_address, store)
         deadline = started + opts.clear_timeout
-        mine, others = await _count_after(admin, prefix, scope)
+        mine, others = await _count_after(admin, prefix, scope, master.key_pattern)
         while quiet and mine and time.perf_counter() < deadline:
             await asyncio.sleep(0.5)  # puts in flight finish, replication tasks end
-            removed += (await _remove(admin, plan, prefix, master.rpc_address, store))[0]
-            mine, others = await _count_after(admin, prefix, scope)
+            removed += (await _remove(admin, plan, master.key_pattern, master.rpc_address, store))[0]
+            mine, others = await _count_after(admin, prefix, scope, master.key_pattern)
     master.removed_count, master.keys_after, master.others_after = removed, mine, others
     if counted.mine is None:
         _note_not_counted(master, counted, removed)
@@ -169,7 +175,7 @@ async def _clear_on(master: MasterReceipt, plan: Plan, http: HttpPool, started: 
                             round(time.perf_counter() - started, 6), 1, error=master.remaining, detail=how)
 
 
-async def _count_before(admin: Any, prefix: str | None, tenants: bool = False) -> Counted:
+async def _count_before(admin: Any, prefix: str | None, tenants: bool = False, shape: str | None = None) -> Counted:
     """The keys before the clear. First the master_key_count gauge (0.5 ms): without a cache_prefix
     it is the whole count; with one, a listing gives the split, unless the gauge says it would be long
     (over EXACT_BEFORE_MAX keys): then the split is not counted and the receipt says so. `tenants`: the
@@ -180,16 +186,16 @@ async def _count_before(admin: Any, prefix: str | None, tenants: bool = False) -
         return Counted(total, 0, total)
     if total is not None and total > EXACT_BEFORE_MAX:
         return Counted(None, None, total)
-    mine, others = await _listed(admin, prefix)
+    mine, others = await _listed(admin, prefix, shape)
     return Counted(mine, others, total)
 
 
-async def _count_after(admin: Any, prefix: str | None, scope: str | None) -> tuple[int, int]:
+async def _count_after(admin: Any, prefix: str | None, scope: str | None, shape: str | None = None) -> tuple[int, int]:
     """(this deployment's keys, the other keys) after a clear. After a whole-master clear the gauge
     at 0 is the count (no key's metadata is left, so none is listed); anything else is listed."""
     if scope == "whole" and await _gauge(admin) == 0:
         return 0, 0
-    return await _listed(admin, prefix)
+    return await _listed(admin, prefix, shape)
 
 
 async def _gauge(admin: Any) -> int | None:
@@ -202,9 +208,11 @@ async def _gauge(admin: Any) -> int | None:
         return None
 
 
-async def _listed(admin: Any, prefix: str | None) -> tuple[int, int]:
-    """(this deployment's keys, the other keys) from one streamed listing; without a prefix (all, 0)."""
-    counted = await admin.key_counts(prefix)
+async def _listed(admin: Any, prefix: str | None, shape: str | None = None) -> tuple[int, int]:
+    """(this deployment's keys, the other keys) from one streamed listing; without a prefix (all, 0).
+    `shape`: the regex this deployment's keys match whole (deployment_pattern); a key that only starts
+    with the prefix (another deployment's `rl@eval@...` beside `rl`) is another's."""
+    counted = await admin.key_counts(prefix, shape)
     if prefix is None:
         return counted.total, 0
     return counted.matching, counted.total - counted.matching
@@ -222,17 +230,17 @@ def _note_not_counted(master: MasterReceipt, counted: Counted, removed: int) -> 
                            if master.scope == "scoped" else ""))
 
 
-async def _remove(admin: Any, plan: Plan, prefix: str | None, rpc: str | None,
+async def _remove(admin: Any, plan: Plan, pattern: str | None, rpc: str | None,
                   store: Any = None) -> tuple[int, str]:
-    """One clear: (what the master says it removed, how). `rpc`: the chosen master's RPC address."""
+    """One clear: (what the master says it removed, how). `pattern`: this deployment's keys, whole
+    (deployment_pattern); `rpc`: the chosen master's RPC address."""
     from kvctl.transport import store_client
     from kvctl.transport.master_admin import MasterError, NoHttpRemoveAll
 
     if plan.master_clear_scope == "scoped":
-        if prefix is None:  # a scoped plan never falls back to a master-wide clear
+        if pattern is None:  # a scoped plan never falls back to a master-wide clear
             raise MasterError("the clear is scoped to this deployment, but it has no cache_prefix to scope by: "
                               "nothing was cleared", "give the fleet a cache_prefix, or pass --whole-master")
-        pattern = "^" + re.escape(prefix)
         removed = await _store_client_remove(rpc, pattern, plan.options.clear_timeout, store)
         return removed, f"remove_by_regex('{pattern}', force=True) via {rpc}"
     try:
@@ -269,7 +277,7 @@ async def count_master_keys(master: MasterReceipt, opts: ResetOptions, http: Htt
     if mine is None:
         async with MasterAdmin(master.address, timeout=opts.timeout, pool=http) as admin:
             try:
-                mine, others = await _listed(admin, key_prefix(master.cache_prefix))
+                mine, others = await _listed(admin, key_prefix(master.cache_prefix), master.key_pattern)
             except MasterError as exc:
                 master.error = master.error or exc.message
                 master.verified = False

@@ -84,6 +84,9 @@ class MasterReceipt:
     verified: bool | None = None
     error: str | None = None
     scope: str | None = None  # "scoped" (<cache_prefix>@ keys only) | "whole" (every key)
+    # the regex of this deployment's keys, whole (kvctl.reset.master.deployment_pattern): what a scoped clear
+    # removes and what is counted as this deployment's; None: no cache_prefix
+    key_pattern: str | None = None
     # "on": the master keeps tenants apart (kvctl.reset.tenancy): its master_key_count gauge then counts every
     # tenant's keys, so it is no count of this fleet's (the default tenant's listing is)
     tenancy: str | None = None

@@ -12,6 +12,7 @@ prometheus_client to the calls that need it: `kvctl reset` stays light.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,10 +123,13 @@ class KeyCounter:
     runs in C, and the needle cannot overlap itself (its only newline is its first byte). Lines that
     are empty (or only "\\r") are no key, as when the listing was split into strings."""
 
-    def __init__(self, prefix: str | None = None) -> None:
+    def __init__(self, prefix: str | None = None, shape: str | None = None) -> None:
         raw = prefix.encode() if prefix is not None else None
         # None: nothing to match (no prefix, or one with a newline, which no line of the listing has)
         self._needle = None if raw is None or b"\n" in raw else b"\n" + raw
+        # `shape`: a regex (^...$) a matching line must also match whole (a deployment's exact key shape,
+        # kvctl.facts.cache_prefix.key_pattern); tried only on blocks where the prefix occurs
+        self._shape = re.compile(b"(?m)" + shape.encode().replace(b"$", b"\r?$")) if shape else None
         self._carry = b""
         self.total = self.matching = 0
 
@@ -156,14 +160,16 @@ class KeyCounter:
             return
         self.total += block.count(b"\n") + 1
         if self._needle is not None:
-            self.matching += (b"\n" + block).count(self._needle)
+            hits = (b"\n" + block).count(self._needle)
+            self.matching += len(self._shape.findall(block)) if hits and self._shape is not None else hits
 
     def _count_lines(self, block: bytes) -> None:
         needle = None if self._needle is None else self._needle[1:]
         for line in block.split(b"\n"):
             if line.rstrip(b"\r"):
                 self.total += 1
-                if needle is not None and line.startswith(needle):
+                if needle is not None and line.startswith(needle) \
+                        and (self._shape is None or self._shape.match(line.rstrip(b"\r"))):
                     self.matching += 1
 
 
@@ -375,15 +381,16 @@ class MasterAdmin(HttpClientBase):
         self._check_status(response, "GET", "/get_all_keys")
         return [line.rstrip("\r") for line in response.text.split("\n") if line.rstrip("\r")]
 
-    async def key_counts(self, prefix: str | None = None) -> KeyCount:
+    async def key_counts(self, prefix: str | None = None, shape: str | None = None) -> KeyCount:
         """GET /get_all_keys, counted while it is read: every key, and those starting with `prefix`.
 
         Exact at the time of the call (the keys the master lists: Mooncake's default tenant), in
-        memory bounded by one chunk of the answer and one line, whatever the number of keys. The
+        memory bounded by one chunk of the answer and one line, whatever the number of keys (`shape`: a
+        regex those starting with `prefix` must match whole to count, see KeyCounter). The
         master builds its whole answer before the first byte, so `slow_timeout` (not `timeout`)
         bounds each read: ~3.5 s per million keys on a loaded 2-core machine."""
         path = "/get_all_keys"
-        counter = KeyCounter(prefix)
+        counter = KeyCounter(prefix, shape)
         try:
             async with self._http.stream("GET", f"{self.base_url}{path}", timeout=self.slow_timeout) as answer:
                 if answer.status != 200:

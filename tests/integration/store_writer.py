@@ -3,14 +3,14 @@
 Usage: python store_writer.py --master 127.0.0.1:RPC_PORT --count N [--prefix P] [--value-size B] [--tenant T]
 
 Connects to the master (tcp, P2PHANDSHAKE, loopback only), puts N keys named
-f"{prefix}key-{i}", reads the first one back (so it holds a read lease), prints
+f"{prefix}key-{i}" (or, where the prefix has an "@", shaped as vLLM's: key_name), reads the first one back (so it holds a read lease), prints
 "READY key..." on stdout, then stays alive until stdin closes or it gets SIGTERM: a writer's
 keys vanish from the master when it closes, so tests keep it alive during their assertions. --tenant T
 sets the client up in Mooncake tenant T, as vLLM >= 0.28 does with mooncake.json's tenant_id
 (vllm/distributed/mooncake_store.py setup_mooncake_store: tenant_id as a keyword, only when not "default").
 
 While alive it answers one-line commands on stdin (one answer line each, "OK ..." or "ERROR ..."):
-  put COUNT [PREFIX]   put COUNT more keys named PREFIXkey-I -> "OK key..."
+  put COUNT [PREFIX]   put COUNT more keys named key_name(PREFIX, I) -> "OK key..."
   get KEY              read KEY (renews its read lease)    -> "OK <bytes>"
 """
 
@@ -53,7 +53,7 @@ def main() -> int:
     value = b"x" * args.value_size
 
     def put(count: int, prefix: str) -> list[str]:
-        keys = [f"{prefix}key-{i}" for i in range(count)]
+        keys = [key_name(prefix, i) for i in range(count)]
         for key in keys:
             rc = store.put(key, value)
             if rc != 0:
@@ -98,6 +98,16 @@ def main() -> int:
         pass
     store.close()
     return 0
+
+
+def key_name(prefix: str, i: int) -> str:
+    """Under a deployment's prefix ("rl-a@", or "rl-a@MODEL" to name the model): a key shaped as vLLM's
+    MooncakeStoreConnector writes it (<cache_prefix>@<model>@tp_rank:0@...@<hash hex>), which a scoped
+    clear matches whole; without an '@', PREFIXkey-I."""
+    if "@" not in prefix:
+        return f"{prefix}key-{i}"
+    deployment, _, model = prefix.rpartition("@")
+    return f"{deployment}@{model or 'tiny'}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{i:032x}"
 
 
 if __name__ == "__main__":

@@ -26,8 +26,13 @@ def doubles() -> Iterator[DoubleFleet]:
         yield fleet
 
 
+def _key(deployment: str, i: int) -> str:
+    """A key shaped as vLLM's MooncakeStoreConnector writes it (kvctl counts a deployment's keys by that shape)."""
+    return f"{deployment}@m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{i:x}"
+
+
 def _fleet(doubles: DoubleFleet, mine: int, others: int) -> tuple[list[str], str, MasterDouble]:
-    store = SharedStore([f"rl-a@m@{i:x}" for i in range(mine)] + [f"svc-b@m@{i:x}" for i in range(others)])
+    store = SharedStore([_key("rl-a", i) for i in range(mine)] + [_key("svc-b", i) for i in range(others)])
     # 0.22's connector cannot clear the store: kvctl plans the forced remove_all (whole master)
     url = doubles.add(VllmDouble("0.22.0", store=store, cache_prefix="rl-a"))
     double = MasterDouble(store)
@@ -67,7 +72,7 @@ def test_a_large_master_is_cleared_without_any_listing(doubles: DoubleFleet, mon
     data = receipt.to_dict()["master"]
     assert (data["keys_before"], data["total_before"]) == (None, 100)
 
-    SharedStore.add_many(double.store, [f"rl-a@m@{i:x}" for i in range(30)] + [f"svc-b@m@{i:x}" for i in range(70)])
+    SharedStore.add_many(double.store, [_key("rl-a", i) for i in range(30)] + [_key("svc-b", i) for i in range(70)])
     shown = cli("reset", "--url", urls[0], "--master", master, "--connector", "--whole-master")
     assert shown.exit_code == 0, shown.stdout
     assert "keys not counted -> 0" in shown.stdout and "other deployments' keys not counted -> 0" in shown.stdout
@@ -78,7 +83,7 @@ def test_a_large_master_is_cleared_without_any_listing(doubles: DoubleFleet, mon
 def test_keys_left_after_a_whole_clear_are_listed(doubles: DoubleFleet, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gauge at 0 is the only shortcut: keys the clear left (leased ones, without force) are listed."""
     urls, master, double = _fleet(doubles, 3, 4)
-    double.store.lease("rl-a@m@1")
+    double.store.lease(_key("rl-a", 1))
 
     async def unforced(self, force: bool = True) -> int:  # a master that keeps leased keys
         return await original(self, False)

@@ -217,8 +217,8 @@ async def update_weights_async(
     (prefix cache, Mooncake store, mm and encoder caches), resume, verify. Same targets as hard_reset.
 
     Returns the receipt (`.to_dict()`: the CLI's --json). A replica whose reload failed stays paused
-    unless resume_failed. With raise_on_failure, a receipt that is not fully ok raises
-    WeightsUpdateFailed (carrying the receipt). Bad arguments raise kvctl.errors.UsageError.
+    unless resume_failed. With raise_on_failure, a replica not updated raises WeightsUpdateFailed
+    (carrying the receipt); a check left open on a replica its owner paused does not (receipt.failed). Bad arguments raise kvctl.errors.UsageError.
     """
     from kvctl.weights.execute import update_fleet
     from kvctl.weights.plan import WeightsOptions
@@ -233,7 +233,7 @@ async def update_weights_async(
                             run=run, state_dir=str(state_dir) if state_dir else None,
                             master_rpc=_address(master_rpc, "master_rpc"), ray=ray)
         receipt = receipt_for_python(await update_fleet(fleet, options))
-    if raise_on_failure and not receipt.ok:
+    if raise_on_failure and receipt.failed:
         raise WeightsUpdateFailed(receipt)
     return receipt
 

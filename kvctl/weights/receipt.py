@@ -89,6 +89,12 @@ class WeightsReceipt:
         return self.exit_code == EXIT_OK
 
     @property
+    def failed(self) -> bool:
+        """A replica not updated (or refused, interrupted): a check left open on a replica its owner
+        paused alone is not a failure, as for kvctl.hard_reset."""
+        return bool(self.not_updated) or self.exit_code not in (EXIT_OK, EXIT_PARTIAL)
+
+    @property
     def not_updated(self) -> list[str]:
         return [r.name for r in self.replicas if not r.updated]
 

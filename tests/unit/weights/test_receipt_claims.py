@@ -167,7 +167,7 @@ def test_a_replica_its_owner_paused_is_left_paused_and_said_so(cli, doubles, tmp
 def test_verify_does_not_call_a_replica_verified_whose_check_could_not_run(cli, doubles, tmp_path: Path) -> None:  # noqa: F811
     """A replica its owner paused cannot answer a canary: its content is unproven, and the receipt says so
     instead of 'verified' (as kvctl reset's does: exit 3, proven as far as its window allows)."""
-    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    _, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
     urllib.request.urlopen(urllib.request.Request(f"{urls[0]}/pause?mode=keep", method="POST"), timeout=10)
     code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--version", "v2",
                            "--verify")
@@ -183,3 +183,18 @@ def test_weights_show_says_what_it_did_not_compare(cli, doubles) -> None:  # noq
     targets = [w for u in urls for w in ("--url", u)]
     data = json.loads(cli("weights", "show", *targets, "--no-checksums", "--json").stdout)
     assert "checksums not read" in data["summary"] and "not judged" in data["summary"]
+
+
+def test_the_python_api_raises_for_a_replica_not_updated_not_for_a_check_left_open(doubles, tmp_path: Path) -> None:  # noqa: F811
+    """As kvctl.hard_reset: raise_on_failure raises for a replica not updated, not for a check that waits
+    for a replica its owner paused."""
+    import kvctl
+
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    urllib.request.urlopen(urllib.request.Request(f"{urls[0]}/pause?mode=keep", method="POST"), timeout=10)
+    folder = checkpoint(tmp_path / "c")
+    receipt = kvctl.update_weights(folder, "v2", urls=urls, master=master, verify=True, raise_on_failure=True)
+    assert receipt.exit_code == EXIT_PARTIAL and receipt.failed is False and not receipt.not_updated
+    replicas[1].faults.status["/collective_rpc"] = 500
+    with pytest.raises(kvctl.WeightsUpdateFailed):
+        kvctl.update_weights(folder, "v3", urls=urls, master=master, verify=True, raise_on_failure=True)

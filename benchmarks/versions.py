@@ -57,9 +57,9 @@ import httpx
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import BENCH_DIR, ROOT, log, replace_section  # noqa: E402
-from kvctl.serve.master_process import MasterProcess  # noqa: E402
-from kvctl.transport.master_admin import MasterAdmin  # noqa: E402
+from benchmarks.common import BENCH_DIR, ROOT, log, replace_section
+from kvctl.serve.master_process import MasterProcess
+from kvctl.transport.master_admin import MasterAdmin
 
 RESULTS = BENCH_DIR / "versions.json"
 DOC = ROOT / "docs" / "performance.md"
@@ -298,8 +298,8 @@ def render(data: dict[str, Any]) -> str:
               "is the share of N+1 re-references the store still had (a miss is a block a replica prefills "
               "again); no vLLM runs here (`make bench-versions` measures it again, "
               f"{data['date']}, {data['wall_s']:.0f} s)."), "",
-             "| update | master flags | N keys at the update | half of them gone | N keys left at the end "
-             "| live hit rate per 10 s after the update | live, overall | in-flight N | keys evicted |",
+             ("| update | master flags | N keys at the update | half of them gone | N keys left at the end "
+              "| live hit rate per 10 s after the update | live, overall | in-flight N | keys evicted |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for run in data["runs"]:
         s = summarize(run)
@@ -372,15 +372,16 @@ def main() -> int:
         return 0
     if args.quick:
         args.live_s = min(args.live_s, 20.0)
+    from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
     mooncake = "unknown"
     for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine", "mooncake-transfer-engine-cuda13"):
         try:
             mooncake = dist_version(dist)
-            break
-        except Exception:  # noqa: BLE001 - the next distribution name
+        except PackageNotFoundError:
             continue
+        break
     began = time.monotonic()
     runs = []
     with tempfile.TemporaryDirectory(prefix="kvctl-versions-") as tmp:

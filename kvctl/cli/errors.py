@@ -29,7 +29,7 @@ def handle_errors(func: F) -> F:
     """Wrap a command: KvctlError -> message on stderr + its exit code; no traceback. With --json (or
     -o json: kvctl.cli.options.output_options sets json_out), every way the command can end without
     its result prints the JSON error object on stdout too: a refused command, an internal error, and
-    SIGINT, SIGTERM or SIGHUP (`{"interrupted": "SIGTERM", ...}`, exit 128 + the signal's number)."""
+    SIGINT, SIGTERM, SIGHUP or SIGQUIT (`{"interrupted": "SIGTERM", ...}`, exit 128 + the signal's number)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -64,7 +64,7 @@ def handle_errors(func: F) -> F:
 
 
 class SignalInterrupt(KeyboardInterrupt):
-    """SIGTERM or SIGHUP ending a --json command, raised where it runs as Ctrl-C's KeyboardInterrupt is."""
+    """SIGTERM, SIGHUP or SIGQUIT ending a --json command, raised where it runs as Ctrl-C's KeyboardInterrupt is."""
 
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
@@ -73,13 +73,13 @@ class SignalInterrupt(KeyboardInterrupt):
 
 @contextmanager
 def _signals_interrupt(json_out: bool) -> Iterator[None]:
-    """With --json, SIGTERM and SIGHUP (whose default ends Python without a word) raise SignalInterrupt,
+    """With --json, SIGTERM, SIGHUP and SIGQUIT (whose defaults end Python without a word) raise SignalInterrupt,
     so that the command ends with a JSON object on stdout. SIGINT already raises KeyboardInterrupt;
     an operation under kvctl.interrupt handles all three itself meanwhile. The handlers before are put
     back (in-process callers: tests, a --watch loop)."""
     import signal
 
-    names = ("SIGTERM", "SIGHUP") if json_out else ()
+    names = ("SIGTERM", "SIGHUP", "SIGQUIT") if json_out else ()
     previous = {}
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -104,7 +104,9 @@ def exit_interrupted(exc: BaseException, json_out: bool, what: str) -> NoReturn:
     and exit 128 + the signal's number."""
     from kvctl.interrupt import exit_code_for, signal_of
 
-    name = getattr(exc, "signal_name", None) or signal_of(exc) or "SIGINT"
+    named = exc.args[0] if isinstance(exc, KeyboardInterrupt) and exc.args else None  # KeyboardInterrupt("SIGTERM")
+    name = getattr(exc, "signal_name", None) or signal_of(exc) or (
+        named if isinstance(named, str) and named.startswith("SIG") else None) or "SIGINT"
     code = exit_code_for(name)
     summary = f"interrupted by {name}: {what}"
     if json_out:

@@ -100,6 +100,7 @@ def _interrupted(args: list[str], name: str, ready) -> tuple[int, str, str]:  # 
     (["status", "--watch"], "/health", ["--json"], "SIGTERM"),  # Ctrl-C ends a watch with 0; SIGTERM does not
     (["weights", "show"], "/weight_info", ["--json"], "SIGINT"),
     (["weights", "show"], "/weight_info", ["--output=json"], "SIGTERM"),
+    (["weights", "show"], "/weight_info", ["-ojson"], "SIGHUP"),
 ])
 def test_a_signal_ends_a_json_command_with_a_json_object(command, path, spelling, name) -> None:  # type: ignore[no-untyped-def]
     from tests.doubles import DoubleFleet, Faults, VllmDouble
@@ -113,3 +114,14 @@ def test_a_signal_ends_a_json_command_with_a_json_object(command, path, spelling
     data = json.loads(out)
     assert data["ok"] is False and data["interrupted"] == name and data["exit_code"] == code
     assert f"interrupted by {name}" in data["summary"]
+
+
+def test_a_keyboard_interrupt_that_names_its_signal_exits_with_its_code(capsys) -> None:
+    """kvctl.interrupt raises KeyboardInterrupt("SIGTERM") where a command runs: JSON and exit 143 name it."""
+    import typer
+
+    from kvctl.cli.errors import exit_interrupted
+
+    with pytest.raises(typer.Exit) as ended:
+        exit_interrupted(KeyboardInterrupt("SIGTERM"), True, "x")
+    assert ended.value.exit_code == 143 and json.loads(capsys.readouterr().out)["interrupted"] == "SIGTERM"

@@ -156,8 +156,8 @@ async def _read_checksums(plan: WeightsPlan, by_name: dict[str, Replica], http: 
 
     async def one(rp: ReplicaWeightsPlan) -> None:
         if not rp.reports_checksums:
-            out[rp.name] = (None, None, f"vLLM {rp.vllm_version} reports no weight checksums (/weight_checker: "
-                                        "0.32.0+)")
+            why = f"vLLM {rp.vllm_version} reports no weight checksums (/weight_checker: 0.32.0+)"
+            out[rp.name] = (None, None, why)
             return
         async with sem, replica_client(by_name[rp.name], opts, http) as client:
             try:
@@ -195,7 +195,7 @@ def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, ste
         row.checksum_after = a[0].digest if a[0] else None
         row.checksum_note = _checksum_note(b, a, receipt.interrupted, row.reload.result)
         held = row.name in step.failed and not step.resume_failed and receipt.interrupted is None
-        row.left_paused = held or row.window == "paused"
+        row.left_paused = row.window == "paused" if row.window in ("paused", "serving") else held  # as it says
         reset_ok = bool(row.reset and row.reset.reset)
         label = (_stale_error(row, receipt.version) if receipt.stale and row.reload.result == "ok"
                  else _label_error(row, receipt.version))

@@ -28,17 +28,18 @@ def describe(row: WeightsReplica, receipt: WeightsReceipt, fleet: Fleet) -> None
     undo = undo_step(receipt, fleet)
     if row.reload.result == "failed" or row.set_version.result == "failed":
         what = "its reload failed" if row.reload.result == "failed" else "reloaded, but its version label was not set"
-        if row.left_paused:
+        if not receipt.plan.options.resume_failed:  # kvctl kept it paused
             row.state = f"kept paused: {what}; it serves nothing until resumed"
-            if row.window == "serving":
-                row.state = f"{what}; kvctl kept it paused, but its /is_paused says it serves: something resumed it"
             row.next_steps = [f"finish: {redo} (it finds the replica paused and leaves it so), then {resume}",
                               f"or {undo}, then {resume}"]
-            if row.reload.result == "failed":
+            if row.window == "serving":
+                row.state = f"{what}; kvctl kept it paused, but its /is_paused says it serves: something resumed it"
+                row.next_steps = [f"finish: {redo}", f"or {undo}"]
+            if row.reload.result == "failed" and row.window != "serving":
                 # vLLM 0.32's reload_weights moves every layer to the meta device before it reads a weight
                 # (model_executor/model_loader/reload/inplace.py:84-95): a failed one leaves no weights at all
                 row.state += " (a failed in-place reload can leave it with no weights loaded: do not resume it as is)"
-            else:
+            elif row.reload.result != "failed" and row.window != "serving":
                 row.next_steps.append(f"or serve it as it is (the new weights, its version label unset): {resume}")
         else:
             row.state = (f"{what}; not kept paused (--resume-failed){_serving(row)}: it may serve other weights "

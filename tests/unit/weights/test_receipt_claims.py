@@ -198,3 +198,19 @@ def test_the_python_api_raises_for_a_replica_not_updated_not_for_a_check_left_op
     replicas[1].faults.status["/collective_rpc"] = 500
     with pytest.raises(kvctl.WeightsUpdateFailed):
         kvctl.update_weights(folder, "v3", urls=urls, master=master, verify=True, raise_on_failure=True)
+
+
+def test_a_replica_kept_paused_that_something_resumed_is_not_called_paused(cli, doubles, tmp_path: Path) -> None:  # noqa: F811
+    replicas, urls, master, _ = fleet_of(doubles, "0.32.0", "0.32.0")
+    replicas[1].faults.status["/collective_rpc"] = 500
+    original = replicas[1]._h_is_paused
+
+    async def resumed_meanwhile(request, call):  # someone resumes it as kvctl finishes
+        replicas[1].paused = False
+        return await original(request, call)
+
+    replicas[1]._h_is_paused = resumed_meanwhile  # type: ignore[method-assign] # the double routes per request
+    code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--version", "v2")
+    row = receipt["replicas"][1]
+    assert code == EXIT_PARTIAL and row["window"] == "serving" and row["left_paused"] is False
+    assert "serves nothing until resumed" not in row["state"] and "something resumed it" in row["state"]

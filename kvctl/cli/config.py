@@ -186,6 +186,7 @@ def _print_report(report, source: str) -> None:  # noqa: ANN001 - ValidationRepo
 
     header = f"{escape(report.path)} ({report.kind}) for vLLM {report.vllm_version} [dim]({escape(source)})[/]"
     found = "".join(f"\n  [dim]found {escape(item)}[/]" for item in report.found)
+    found += "".join(f"\n  [dim]not read {escape(item)}[/]" for item in report.unread)
     if not report.problems:
         output.show(f"[green]ok[/]  {header}: no problems found{found}")
         return

@@ -30,6 +30,7 @@ from kvctl.validate.offloading_args import check_offloading_args
 from kvctl.validate.python_api import check_python_api
 from kvctl.validate.readers import not_found, read
 from kvctl.validate.serve_flags import check_serve_args
+from kvctl.validate.unknown import unread_values
 from kvctl.validate.verl import check_verl, check_verl_kv_transfer_config, with_verl_fixes
 from kvctl.validate.readers.documents import node_lines, parse_document
 from kvctl.validate.readers.env_file import read_env_file
@@ -58,6 +59,7 @@ def validate_path(path: Path, version: Version | str, *, allow_dropped: bool = F
                   for n in connector_names(a.data))
     for artifact in found.artifacts:
         report.found.append(_describe(artifact))
+        report.unread += [u for u in unread_values(artifact) if u not in report.unread]
         report.problems += _check(artifact, v, artifact.readers or names)
         report.problems += check_python_api(artifact, v)
         report.problems += _comments(artifact, v, artifact.readers or names)
@@ -79,7 +81,7 @@ def _check(artifact: Artifact, v: Version, names: tuple[str, ...]) -> list[Probl
             check_verl_kv_transfer_config(artifact)
     if artifact.kind == "kv_transfer_config":
         return validate_kv_transfer_config(artifact.data, v, artifact.where, artifact.lines,
-                                           env=artifact.env, partial=artifact.partial)
+                                           env=artifact.env, partial=artifact.partial or bool(artifact.unread))
     if artifact.kind == "verl":
         return check_verl(artifact, names, v)
     if artifact.kind == "mooncake":

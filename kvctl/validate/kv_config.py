@@ -64,6 +64,9 @@ def _check_config(cfg: Any, v: Version, where: str, out: Collector, child: bool,
         out.error(where, f"{where} must be a mapping (a JSON object), got {type(cfg).__name__}",
                   'write it like {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}')
         return
+    if not cfg and partial:  # nothing kvctl could read (a value it cannot evaluate): no verdict on it
+        check_env_names(env, v, out)
+        return
     _check_fields(cfg, v, where, out)
     _check_role(cfg, where, out, child, partial)
     _check_connector(cfg, v, where, out, env)
@@ -343,6 +346,8 @@ def _check_cpu_build(cfg: Mapping[str, Any], v: Version, where: str, out: Collec
 def _check_extra_config(cfg: Mapping[str, Any], v: Version, where: str, out: Collector) -> None:
     extra, path = cfg.get("kv_connector_extra_config"), join(where, "kv_connector_extra_config")
     multi = cfg.get("kv_connector") == "MultiConnector"
+    if placeholder(extra):
+        return  # a value kvctl cannot evaluate: said (unread), not judged
     if extra is not None and not isinstance(extra, Mapping):
         out.error(path, f"kv_connector_extra_config must be a mapping, got "
                   f"{type(extra).__name__} {extra!r}",
@@ -407,12 +412,16 @@ def _consequence(key: str) -> str:
 def _check_children(children: Any, v: Version, path: str, out: Collector) -> None:
     example = ('connectors: [{"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"}, '
                '{"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}]')
+    if placeholder(children):
+        return
     if not isinstance(children, list) or not children:
         out.error(path, f"MultiConnector needs kv_connector_extra_config.connectors, a non-empty "
                   f"list of child configs; got {children!r}", example)
         return
     for index, child in enumerate(children):
         child_path = f"{path}[{index}]"
+        if placeholder(child):
+            continue
         if not isinstance(child, Mapping):
             out.error(child_path, f"MultiConnector child {index} must be a mapping with "
                       f"kv_connector and kv_role, got {child!r}", example)

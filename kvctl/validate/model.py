@@ -87,6 +87,9 @@ class Artifact:
     # "verl": read from verl's engine_kwargs.vllm (a verl config or its Hydra overrides), where
     # verl's own rules apply on top of vLLM's (kvctl.validate.verl)
     framework: str = ""
+    # What kvctl could not read of the config as a whole ("it uses $P_CONFIG, set on line 2 by a
+    # command substitution ..."): no verdict rests on the keys it lacks.
+    unread: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class ValidationReport:
     vllm_version: str
     problems: list[Problem] = field(default_factory=list)
     found: list[str] = field(default_factory=list)  # "kv_transfer_config at FILE:LINE (origin)"
+    # values kvctl could not evaluate, not judged: "FILE:LINE path '$PORT' (a shell variable ...)"
+    unread: list[str] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Problem]:
@@ -149,6 +154,7 @@ class ValidationReport:
             "warnings": len(self.warnings),
             "dropped": len(self.dropped),
             "found": self.found,
+            "unread": self.unread,
             "problems": [asdict(p) for p in self.problems],
         }
 

@@ -30,7 +30,7 @@ def check_offloading(cfg: Mapping[str, Any], v: Version, where: str, out: Collec
     if name not in (OFFLOADING, SIMPLE) or table().registered(v, name) is None:
         return  # not an offloading config, or a release without it (the connector check says so)
     if extra is not None and not isinstance(extra, Mapping):
-        return  # reported by the extra-config check
+        return  # reported by the extra-config check (or a value kvctl cannot evaluate)
     extra, path = extra or {}, join(where, "kv_connector_extra_config")
     if name == SIMPLE:
         _check_keys(extra, table().offload_keys(v, CONNECTORS, SIMPLE), v, path, out, SIMPLE, [(CONNECTORS, SIMPLE)])
@@ -135,6 +135,8 @@ def _check_tiers(tiers: Any, fact: dict[str, Any], v: Version, path: str, out: C
     """TieringOffloadingSpec's secondary_tiers: a list of {"type": <a registered tier>, ...}."""
     names, where = list(fact["value"]), _at(fact)
     example = f'secondary_tiers: [{{"type": "{names[0]}"}}]'
+    if placeholder(tiers):
+        return  # computed when the code runs: said (unread), not judged
     if not isinstance(tiers, list):
         out.error(path, f"secondary_tiers must be a list of tier configurations, got {type(tiers).__name__}: "
                   f"vLLM {v} raises ValueError at start", example)
@@ -142,6 +144,8 @@ def _check_tiers(tiers: Any, fact: dict[str, Any], v: Version, path: str, out: C
     for index, tier in enumerate(tiers):
         tier_path = f"{path}[{index}]"
         kind = tier.get("type") if isinstance(tier, Mapping) else None
+        if placeholder(tier) or placeholder(kind):
+            continue
         if not isinstance(tier, Mapping) or not kind:
             out.error(join(tier_path, "type"), f"secondary tier {index} has no type: vLLM {v} raises "
                       f"{_quote(fact.get('missing_message'))} at start ({where})", f"e.g. {example}")

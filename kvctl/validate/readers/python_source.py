@@ -25,6 +25,7 @@ _ROOT = "kv_transfer_config"
 # Recorded in Artifact.calls, with the call's line under this name in Artifact.lines.
 FROM_CLI = "KVTransferConfig.from_cli"
 _MAX_HOPS = 4  # a = b; b = c; ... : names followed at most this far
+_MAX_DEPTH = 32  # literals nested (through names) at most this deep
 Built = tuple[dict[str, Any], SourceLines, str]  # data, lines, what it came through ("" or a name)
 
 
@@ -96,7 +97,7 @@ class _Module:
             pairs = [(k.value, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)]
         else:
             return []
-        settings = {key: (_value(self.resolve(value)[0]), value.lineno) for name, value in pairs
+        settings = {key: (self.value(value), value.lineno) for name, value in pairs
                     if (key := key_of(name)) is not None}
         if not settings:
             return []
@@ -104,6 +105,23 @@ class _Module:
         return [located(settings, self.file, "", f"Python (line {getattr(node, 'lineno', 1)})", config, self.env)]
 
     # -- following names ---------------------------------------------------------------
+    def value(self, node: ast.expr, depth: int = 0) -> Any:
+        """The literal `node` stands for, names followed to the literal assigned to them (in
+        dicts and lists too); what only running the code gives (a call, os.environ, an
+        f-string) is a `${expression}` placeholder the checks do not judge."""
+        target = self.resolve(node)[0] if isinstance(node, ast.Name) else node
+        if depth > _MAX_DEPTH:
+            return _placeholder(node)
+        if isinstance(target, ast.Dict):
+            return {self.value(k, depth + 1) if k is not None else "**": self.value(v, depth + 1)
+                    for k, v in zip(target.keys, target.values)}
+        if isinstance(target, (ast.List, ast.Tuple)) and not any(isinstance(e, ast.Starred) for e in target.elts):
+            return [self.value(e, depth + 1) for e in target.elts]
+        try:
+            return ast.literal_eval(target)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return _placeholder(target)
+
     def resolve(self, node: ast.expr, hops: int = 0) -> tuple[ast.expr, str]:
         """The literal a name stands for (the last assignment before its use), and the name with
         its line; other expressions as they are."""
@@ -123,7 +141,7 @@ class _Module:
         target, via = self.resolve(node)
         if not isinstance(target, ast.Dict):
             return None
-        data = _value(target)
+        data = self.value(target)
         return (data, _dict_lines(target, self.file), via) if isinstance(data, dict) else None
 
     def _json_text(self, node: ast.expr) -> Built | None:
@@ -132,7 +150,7 @@ class _Module:
         if isinstance(target, ast.Dict):  # from_cli(json.dumps({...}))
             built = self._dict(target)
             return (built[0], built[1], via) if built else None
-        value = _value(target)
+        value = self.value(target)
         if not isinstance(value, str):
             return None
         try:
@@ -157,7 +175,7 @@ class _Module:
             data, lines = (dict(base[0]), base[1]) if base else ({}, SourceLines(self.file))
             lines[_ROOT] = call.lineno
             for keyword in named:
-                data[keyword.arg] = _value(keyword.value)
+                data[keyword.arg] = self.value(keyword.value)
                 lines[join(_ROOT, keyword.arg)] = keyword.value.lineno
             return data, lines, base[2] if base else ""
         if _is_from_cli(call) and call.args:
@@ -222,13 +240,18 @@ def _nested_lines(node: ast.expr, file: str, path: str) -> SourceLines:
 
 
 def _value(node: ast.expr) -> Any:
-    """The literal value, or a `$name` placeholder for what only running the code would give."""
+    """The literal value, or a placeholder for what only running the code would give."""
     try:
         return ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         if isinstance(node, ast.Dict):
             return {_value(k) if k is not None else "**": _value(v) for k, v in zip(node.keys, node.values)}
-        return f"${{{ast.unparse(node)}}}"
+        return _placeholder(node)
+
+
+def _placeholder(node: ast.expr) -> str:
+    """`${expression}`: a value only running the code gives (kvctl.validate.unknown says so)."""
+    return f"${{{ast.unparse(node)}}}"
 
 
 def _environ(tree: ast.Module) -> dict[str, str]:

@@ -25,15 +25,12 @@ from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_words, located
 from kvctl.validate.readers.serve_args import launch_options
 from kvctl.validate.readers.shell_env import Exports, with_env_lines
+from kvctl.validate.readers.shell_expand import substitution
+from kvctl.validate.readers.shell_state import ASSIGN as _ASSIGN, HYDRA as _HYDRA, Command, Shell as _Shell, assignments
 from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
 from kvctl.validate.readers.verl import verl_in_words
 
 _FLAG = re.compile(r"^--kv[-_]transfer[-_]config(?P<dotted>(?:\.[\w-]+)+)?(?:=(?P<value>.*))?$", re.S)
-# verl / Hydra: [+|++|~]a.b.kv_transfer_config[.key]=value
-_HYDRA = re.compile(r"^(?:\+\+|\+|~)?(?P<path>(?:[\w-]+\.)*kv_transfer_config)(?P<dotted>(?:\.[\w-]+)+)?="
-                    r"(?P<value>.*)$", re.S)
-_ASSIGN = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$", re.S)
-_DECLARE = {"export", "local", "declare", "readonly", "typeset"}
 _HYDRA_FLOW_KEY = re.compile(r"([{,]\s*)([\w.-]+):(?=[^\s/])")  # {a:1,b:x} -> {a: 1,b: x}
 _WHOLE_VARIABLE = re.compile(r"^\$(?:\{(?P<braced>\w+)\}|(?P<plain>[A-Za-z_]\w*))$")
 _MOONCAKE_KEYS = ("master_server_address", "metadata_server")  # a mooncake.json has one
@@ -48,103 +45,15 @@ MAX_SCRIPT_BYTES = 1024 * 1024
 DocumentReader = Callable[[str, str, int], tuple[list[Artifact], list[Problem]]]
 
 
-@dataclass
-class Command:
-    tokens: list[Token]
-    env: dict[str, str] = field(default_factory=dict)
-    array: str = ""  # NAME when the words are the items of an array NAME=( ... )
-
-    @property
-    def program(self) -> str:
-        """A short name for the origin of a config: 'vllm serve', 'python -m vllm...', ..."""
-        if self.array:
-            return f"array {self.array}"
-        words = [t.text for t in self.tokens if not _ASSIGN.match(t.text)][:3]
-        if words[:2] == ["vllm", "serve"] or (words and words[0].endswith("/vllm")):
-            return "vllm serve"
-        if "-m" in words:
-            return f"python -m {words[words.index('-m') + 1]}" if words[-1] != "-m" else "python -m"
-        return words[0] if words and not words[0].startswith("-") else "arguments"
-
-
 def tokenize(text: str, base_line: int = 1) -> list[list[Token]]:
     """Split `text` into commands of words (bash quoting and nesting, `\\` continuations joined,
     `#` comments dropped); commands kvctl cannot split are left out (split_commands says which)."""
     return split_commands(text, base_line).commands
 
 
-@dataclass
-class _Shell:
-    """What a script has set so far, as it would be when each command runs."""
-
-    variables: dict[str, str] = field(default_factory=dict)
-    exported: dict[str, str] = field(default_factory=dict)
-
-    lines: dict[str, int] = field(default_factory=dict)  # where each variable was last set
-
-    def command(self, tokens: list[Token]) -> Command | None:
-        """The command with its environment, or None for a pure assignment (remembered)."""
-        if tokens and tokens[0].opens_array:  # NAME=( items ): no string value kvctl keeps
-            name = tokens[0].text.rstrip("+=")
-            self.variables.pop(name, None)
-            self.exported.pop(name, None)
-            return Command(tokens[1:], dict(self.exported), array=name) if len(tokens) > 1 else None
-        found = assignments(tokens)
-        if tokens and tokens[0].text in _DECLARE:
-            for token, name, value in found:
-                self.remember(name, self.expand(value), tokens[0].text == "export", token.line)
-            return None
-        env = dict(self.exported)
-        env.update((name, self.expand(value)) for _, name, value in found)
-        if len(found) == len(tokens):  # NAME=value on its own: a shell variable from now on
-            for token, name, _ in found:
-                self.remember(name, env[name], name in self.exported, token.line)
-            return None
-        return Command(tokens[len(found):], env)
-
-    def remember(self, name: str, value: str, exported: bool = False, line: int = 0) -> None:
-        """Record NAME=value; a value only running the script gives ($(...), $((...)), `...`)
-        is forgotten rather than guessed."""
-        if value.endswith("$") or "$(" in value or "`" in value:
-            self.variables.pop(name, None)
-            self.exported.pop(name, None)
-            self.lines.pop(name, None)
-            return
-        self.variables[name] = value
-        self.lines[name] = line
-        if exported:
-            self.exported[name] = value
-
-    def line_of(self, name: str) -> int | None:
-        """The line that set NAME, when the script set it to a value kvctl kept."""
-        return self.lines.get(name) if name in self.variables else None
-
-    def expand(self, text: str) -> str:
-        """$NAME and ${NAME} replaced where the script set NAME; others left as written."""
-        def value(match: re.Match[str]) -> str:
-            name = match["braced"] or match["plain"]
-            return self.variables.get(name, self.exported.get(name, match[0]))
-
-        return _VARIABLE.sub(value, text)
-
-
 def is_config_flag(word: str) -> bool:
     """--kv-transfer-config in any of its spellings (=value, dotted, underscored)."""
     return bool(_FLAG.match(word))
-
-
-def assignments(tokens: list[Token]) -> list[tuple[Token, str, str]]:
-    """(token, NAME, raw value) of the assignments a command makes: every NAME=value after
-    export/local/declare, else the leading NAME=value words (`A=b vllm serve ...`)."""
-    if tokens and tokens[0].text in _DECLARE:
-        words = tokens[1:]
-    else:
-        words = []
-        for token in tokens:
-            if not _ASSIGN.match(token.text) or _HYDRA.match(token.text):
-                break
-            words.append(token)
-    return [(t, m["name"], m["value"]) for t in words if (m := _ASSIGN.match(t.text))]
 
 
 def read_launch_text(text: str, file: str, base_line: int = 1, documents: DocumentReader | None = None,
@@ -199,8 +108,9 @@ class _Reader:
             command = shell.command(tokens)
             if command is not None:
                 self.problems += self.exports.launch(tokens, command.env, self.file)
-                self.artifacts += with_env_lines(configs_in_command(command, self.file, self.problems, shell.expand,
-                                                                    shell.line_of), tokens, command.env, shell.lines)
+                self.artifacts += with_env_lines(configs_in_command(
+                    command, self.file, self.problems, shell.expand, shell.line_of, shell.why_unknown),
+                    tokens, command.env, shell.lines)
 
     def _skipped(self, skipped: Skipped) -> Problem:
         """A command kvctl could not split: said at its line, the rest of the file still read. An
@@ -321,13 +231,16 @@ class _Pending:
     whole_line: int = 0  # where the last whole value was
     whole_keys: list[str] = field(default_factory=list)  # the keys it set
     adds: bool = False  # a Hydra override added a key the base config lacks (+key=...)
+    unread: str = ""  # what kvctl could not read of a whole value ("$P_CONFIG, set by ...")
 
 
 def configs_in_command(command: Command, file: str, problems: list[Problem],
                        expand: Callable[[str], str] = lambda text: text,
-                       line_of: Callable[[str], int | None] = lambda name: None) -> list[Artifact]:
+                       line_of: Callable[[str], int | None] = lambda name: None,
+                       unknown: Callable[[str], str | None] = lambda name: None) -> list[Artifact]:
     """The kv_transfer_config one command sets. `line_of(NAME)`: where the variable a flag's
-    whole value names ("$KV_CONFIG") was set, so the config's keys are located in its text."""
+    whole value names ("$KV_CONFIG") was set, so the config's keys are located in its text;
+    `unknown(NAME)`: why a name holds what kvctl cannot evaluate (a command substitution)."""
     pending = _Pending()
     tokens = command.tokens
     for index, token in enumerate(tokens):
@@ -342,11 +255,11 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
                     continue
                 value, line = tokens[index + 1].text, tokens[index + 1].line
             line = _from_variable(pending, value, line, line_of)
-            _take(pending, flag["dotted"], value, line, file, problems, True, expand)
+            _take(pending, flag["dotted"], value, line, file, problems, True, expand, unknown)
         elif hydra:
             pending.hydra_path = hydra["path"]
             pending.adds = pending.adds or token.text.startswith("+")
-            _take(pending, hydra["dotted"], hydra["value"], token.line, file, problems, False, expand)
+            _take(pending, hydra["dotted"], hydra["value"], token.line, file, problems, False, expand, unknown)
     found = [] if pending.lines is None else [_artifact(pending, command)]
     verl = verl_in_words([(t.text, t.line) for t in tokens], file)  # verl's own rules, judged apart
     offload = in_words([(t.text, t.line) for t in tokens], file, problems, expand)  # --kv-offloading-size
@@ -366,7 +279,8 @@ def _artifact(pending: _Pending, command: Command) -> Artifact:
     return Artifact("kv_transfer_config", pending.data, "kv_transfer_config", pending.lines,
                     origin=f"{'Hydra override' if pending.hydra_path else command.program} "
                            f"(line {pending.line}){via}", env=command.env, partial=partial,
-                    framework="verl" if pending.hydra_path == ".".join(VERL_PATH) else "")
+                    framework="verl" if pending.hydra_path == ".".join(VERL_PATH) else "",
+                    unread=pending.unread)
 
 
 def _from_variable(pending: _Pending, raw: str, line: int, line_of: Callable[[str], int | None]) -> int:
@@ -381,8 +295,8 @@ def _from_variable(pending: _Pending, raw: str, line: int, line_of: Callable[[st
     return set_at
 
 
-def _take(pending: _Pending, dotted: str | None, raw: str, line: int, file: str,
-          problems: list[Problem], json_only: bool, expand: Callable[[str], str]) -> None:
+def _take(pending: _Pending, dotted: str | None, raw: str, line: int, file: str, problems: list[Problem],
+          json_only: bool, expand: Callable[[str], str], unknown: Callable[[str], str | None]) -> None:
     value = expand(raw)
     if pending.lines is None:
         pending.lines, pending.line = SourceLines(file, {"kv_transfer_config": line}), pending.line or line
@@ -404,17 +318,39 @@ def _take(pending: _Pending, dotted: str | None, raw: str, line: int, file: str,
         text = text.replace('\\"', '"')
         parsed = parse_value(text, json_only)
     if isinstance(parsed, str):
-        unexpanded = _VARIABLE.search(value)
-        hint = (f" (it uses {unexpanded[0]}, which the script does not set)" if unexpanded else
-                " (it is built from shell variables)" if value != raw else "")
-        problems.append(Problem(f"{file}:{line} kv_transfer_config",
-                                f"the kv_transfer_config value is not a JSON object{hint}: {parsed}",
-                                "write it as '{\"kv_connector\": ..., \"kv_role\": ...}' (vLLM parses "
-                                "it with json.loads)", WARNING if hint else ERROR))
+        _unparsed(pending, value, raw, parsed, f"{file}:{line} kv_transfer_config", problems, unknown)
         return
     pending.data.update(parsed)
     pending.whole_keys = list(parsed)
     pending.lines.update(text_lines(text, "kv_transfer_config", file, line))
+
+
+def _unparsed(pending: _Pending, value: str, raw: str, parsed: str, where: str, problems: list[Problem],
+              unknown: Callable[[str], str | None]) -> None:
+    """A whole value that is not a JSON object: an error where kvctl read all of it; where a
+    variable (or a substitution) holds what kvctl cannot see, that is said and the config is
+    unread (no verdict rests on it), the rest of the command still checked."""
+    unexpanded = _VARIABLE.search(value)
+    name = unexpanded and (unexpanded["braced"] or unexpanded["plain"])
+    why = name and unknown(name)
+    what = substitution(value)
+    if why:
+        hint = f"it uses {unexpanded[0]}, {why}"
+    elif unexpanded:
+        hint = f"it uses {unexpanded[0]}, which the script does not set (its environment may)"
+    elif what:
+        hint = f"it is {what}, which kvctl does not run"
+    else:
+        hint = "it is built from shell variables" if value != raw else ""
+    if not hint:
+        problems.append(Problem(where, f"the kv_transfer_config value is not a JSON object: {parsed}",
+                                "write it as '{\"kv_connector\": ..., \"kv_role\": ...}' (vLLM parses "
+                                "it with json.loads)", ERROR))
+        return
+    pending.unread = hint
+    problems.append(Problem(where, f"kvctl cannot read the kv_transfer_config ({hint}): it is not "
+                            "checked, the rest of the command is", "validate the kv_transfer_config as the "
+                            "servers receive it (the JSON itself, or the script's output)", WARNING))
 
 
 def _replace_whole(pending: _Pending, line: int, file: str, problems: list[Problem]) -> None:

@@ -565,7 +565,7 @@ def test_good_files_report_ok(tmp_path: Path) -> None:
     assert report.to_dict() == {"path": str(f), "kind": "kv_transfer_config",
                                 "vllm_version": "0.32.0+cpu", "ok": True, "errors": 0,
                                 "warnings": 0, "dropped": 0, "problems": [],
-                                "found": [f"kv_transfer_config at {f}:1 kv_transfer_config"]}
+                                "found": [f"kv_transfer_config at {f}:1 kv_transfer_config"], "unread": []}
 
 
 def test_mooncake_file(tmp_path: Path) -> None:

@@ -57,6 +57,9 @@ def master_from_flags(master: str | None, master_rpc: str | None, master_admin: 
         return _legacy_rpc(master.strip(), master_rpc, master_admin, notes)
     if master is not None and master_rpc is None and "," not in master:
         kind = _port_kind(master)
+        if kind == "silent":
+            raise UsageError(f"--master {master} {SILENT}", f"give --master-rpc RPC ({RPC_HELP}) and --master ADMIN "
+                                                            f"({ADMIN_HELP}), or --master embedded")
         if kind in ("not_http", "unreachable"):  # the RPC port (or nothing to ask): the old spelling
             return _legacy_rpc(master.strip(), None, master_admin, notes)
         if kind == "admin":
@@ -101,9 +104,15 @@ def _check_admins(admins: str | None, rpc: str) -> str | None:
             raise UsageError(f"--master {admins}: '{address}' is not HOST:PORT", f"give {ADMIN_HELP}, e.g. 127.0.0.1:9003")
         master_endpoints(address, "--master")  # HOST:PORT, or a UsageError naming the flag
     for address in found:
-        if _port_kind(address) == "not_http":
+        kind = _port_kind(address)
+        if kind == "not_http":
             raise UsageError(f"--master {address} answers no HTTP: it is the master's RPC port, not its admin port",
                              f"pass --master-rpc {address} and --master ADMIN ({ADMIN_HELP})")
+        if kind in ("other_http", "silent"):  # an etcd's client port answers GET /metrics with its own metrics
+            what = SILENT if kind == "silent" else ("answers HTTP but is not a Mooncake master's admin port (its GET "
+                                                    "/metrics has no master_key_count: an etcd port?)")
+            raise UsageError(f"--master {address} {what}", f"give each master's admin port ({ADMIN_HELP}); the etcd "
+                                                          "endpoints go in --master-rpc etcd://HOST:PORT[;HOST:PORT...]")
     return ",".join(found)
 
 
@@ -117,17 +126,35 @@ def master_from_env() -> tuple[str | None, str | None]:
     return (os.environ.get("KVCTL_MASTER", "").strip() or None if rpc else None), rpc
 
 
+PORT_KIND_TIMEOUT = 4.0  # seconds for the whole question: an answer trickling in must not hold serve
+SILENT = (f"accepts connections but gave no HTTP answer within {PORT_KIND_TIMEOUT:g} s: not a Mooncake master's "
+          "admin port, whose GET /metrics answers at once (an etcd or another server that hangs?)")
+
+
 def _port_kind(address: str) -> str:
-    """What answers at HOST:PORT (kvctl.transport.master_admin.PortKind.kind)."""
+    """What answers at HOST:PORT (kvctl.transport.master_admin.PortKind.kind), asked for at most
+    PORT_KIND_TIMEOUT seconds; "silent" when it accepts a connection but no HTTP answer comes in time."""
     import asyncio
+    import socket
 
-    from kvctl.transport.master_admin import MasterAdmin
+    from kvctl.transport.master_admin import MasterAdmin, PortKind
 
-    async def ask() -> str:
+    async def ask() -> PortKind:
         async with MasterAdmin(address.strip(), timeout=1.5) as admin:  # an RPC port closes at once
-            return (await admin.port_kind()).kind
+            return await admin.port_kind()
 
-    return asyncio.run(ask())
+    try:
+        found = asyncio.run(asyncio.wait_for(ask(), PORT_KIND_TIMEOUT))
+    except asyncio.TimeoutError:
+        found = PortKind("unreachable", f"no answer within {PORT_KIND_TIMEOUT:g} s")
+    if found.kind != "unreachable" or found.detail.startswith("GET /metrics answered HTTP"):
+        return found.kind  # an HTTP error status: a busy master, nothing to judge by
+    host, _, port = address.strip().rpartition(":")
+    try:  # refused (nothing there yet): nothing to judge by; accepted and silent: not an admin port
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return "silent"
+    except (OSError, ValueError):
+        return "unreachable"
 
 
 def recorded_masters(state_dir: str | Path | None) -> list[RunRecord]:

@@ -75,3 +75,65 @@ def test_the_cli_prints_the_deprecation_note_and_names_the_new_flags(master: Mas
     wrong = cli("serve", str(tmp_path), "--master-rpc", master.admin_address, "--state-dir", str(tmp_path))
     assert wrong.exit_code == 2 and "is the master's admin port, not its RPC port" in wrong.stderr
     assert "--master-admin" not in cli("serve", "--help").stdout  # the old name works, and is not offered
+
+
+def _silent_port(trickle: bool) -> tuple[object, int]:
+    """A port that accepts connections and answers no HTTP in time: silent, or an HTTP head followed by
+    one byte a second (each read arrives before a per-read timeout)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    kept: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            kept.append(conn)
+            if trickle:
+                threading.Thread(target=_trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(conn: socket.socket) -> None:
+        try:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            for _ in range(120):
+                conn.sendall(b"#")
+                time.sleep(1)
+        except OSError:
+            return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_port_that_hangs_is_not_taken_as_an_admin_port(trickle: bool) -> None:
+    """Issue 39: an admin address that accepted and never answered was recorded as the master's admin port
+    (and one that answered a byte a second held serve for 100 s)."""
+    server, port = _silent_port(trickle)
+    try:
+        began = time.monotonic()
+        with pytest.raises(UsageError) as caught:
+            master_from_flags(f"127.0.0.1:{port}", "etcd://127.0.0.1:2379")
+        assert time.monotonic() - began < 10
+        assert "not a Mooncake master's admin port" in caught.value.message and caught.value.hint
+    finally:
+        server.close()
+
+
+def test_an_etcd_port_given_as_the_admin_port_is_refused(tmp_path: Path) -> None:
+    """etcd's client port answers GET /metrics with its own Prometheus text: an HTTP server, not a master."""
+    from tests.integration.ha import EtcdServer, require_etcd
+
+    require_etcd()
+    with EtcdServer(tmp_path / "etcd") as etcd:
+        with pytest.raises(UsageError) as caught:
+            master_from_flags(etcd.endpoint, etcd.master_server_address)
+    assert f"--master {etcd.endpoint}" in caught.value.message
+    assert "not a Mooncake master's admin port" in caught.value.message

@@ -57,10 +57,7 @@ def master_from_flags(master: str | None, master_rpc: str | None, master_admin: 
         return _legacy_rpc(master.strip(), master_rpc, master_admin, notes)
     if master is not None and master_rpc is None and "," not in master:
         kind = _port_kind(master)
-        if kind == "silent":
-            raise UsageError(f"--master {master} {SILENT}", f"give --master-rpc RPC ({RPC_HELP}) and --master ADMIN "
-                                                            f"({ADMIN_HELP}), or --master embedded")
-        if kind in ("not_http", "unreachable"):  # the RPC port (or nothing to ask): the old spelling
+        if kind in ("not_http", "unreachable", "silent"):  # the RPC port (or nothing to judge by): the old spelling
             return _legacy_rpc(master.strip(), None, master_admin, notes)
         if kind == "admin":
             learned = _recorded_rpc(master, state_dir)

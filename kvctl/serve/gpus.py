@@ -179,8 +179,9 @@ def machine_gpus(env: Mapping[str, str]) -> Machine | None:
         return None
     gpus: list[Gpu] = []
     mig: set[str] = set()
-    for row in _csv(_smi(exe, f"--query-gpu={GPU_QUERY}", CSV), 6):
+    for number, row in enumerate(_csv(_smi(exe, f"--query-gpu={GPU_QUERY}", CSV), 6), 1):
         index, uuid, used, total, mode, name = row
+        _check_row(number, row, gpus)
         gpus.append(Gpu(index, uuid, name, memory_used_mib=_int(used), memory_total_mib=_int(total)))
         if mode == "Enabled":
             mig.add(uuid)
@@ -190,9 +191,35 @@ def machine_gpus(env: Mapping[str, str]) -> Machine | None:
         if m := _GPU_LINE.match(line):
             parent = next((g for g in gpus if g.uuid == m.group(2)), None)
         elif (m := _MIG_LINE.match(line)) and parent is not None:
+            if any(i.uuid == m.group(3) for i in instances):
+                raise UsageError(f"`nvidia-smi -L` lists MIG instance {m.group(3)} twice: kvctl cannot tell which "
+                                 "instances exist (two replicas could share one)", _FIX_ROWS)
             instances.append(Gpu(parent.index, m.group(3), f"{parent.name} MIG {m.group(1)}", True, m.group(1),
                                  parent.uuid))
     return Machine(gpus, frozenset(mig), instances)
+
+
+_FIX_ROWS = ("check nvidia-smi's output yourself (nvidia-smi -L; a driver/library version mismatch or a wrapper "
+             "script can garble it) and fix the driver, or name the GPUs in CUDA_VISIBLE_DEVICES")
+_MIG_MODES = ("Enabled", "Disabled", "[N/A]", "N/A", "[Not Supported]")
+
+
+def _check_row(number: int, row: list[str], before: list[Gpu]) -> None:
+    """One `--query-gpu` row as nvidia-smi prints it (index, GPU- UUID, a MIG mode), a GPU not listed
+    before; else a UsageError naming the row: a garbled or repeated row would hand a replica a GPU that is
+    not there, or two replicas one GPU."""
+    index, uuid, _, _, mode, _ = row
+    where = f"row {number} of `nvidia-smi --query-gpu={GPU_QUERY}` ({', '.join(row)})"
+    problem = ("its index is not a number" if not index.isdigit() else
+               f"{uuid!r} is not a GPU UUID (GPU-...)" if not re.fullmatch(r"GPU-[0-9A-Za-z-]+", uuid) else
+               f"MIG mode {mode!r} is none nvidia-smi prints" if mode not in _MIG_MODES else None)
+    if problem:
+        raise UsageError(f"{where}: {problem}; kvctl cannot tell which GPUs this machine has", _FIX_ROWS)
+    for gpu in before:
+        if gpu.index == index or gpu.uuid == uuid:
+            twice = f"GPU {index}" if gpu.index == index else uuid
+            raise UsageError(f"nvidia-smi lists {twice} twice ({where}): kvctl cannot tell which GPUs this machine "
+                             "has, and two replicas could share one", _FIX_ROWS)
 
 
 def compute_apps(env: Mapping[str, str]) -> list[tuple[str, int, str]]:

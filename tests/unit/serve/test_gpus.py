@@ -144,6 +144,23 @@ def test_bad_cuda_visible_devices_is_refused(tmp_path: Path, visible: str, messa
     assert message in err.value.message
 
 
+@pytest.mark.parametrize(("gpus", "message"), [
+    ([h100(0), {**h100(1), "index": "x"}], "row 2 of `nvidia-smi --query-gpu"),  # not an index
+    ([h100(0), {**h100(1), "uuid": "garbage"}], "'garbage' is not a GPU UUID"),
+    ([h100(0), h100(0)], "lists GPU 0 twice"),  # the same GPU twice: two replicas would share it
+    ([h100(0), {**h100(1), "uuid": UUIDS[0]}], f"lists {UUIDS[0]} twice"),
+    ([h100(0), {**h100(1), "mig": "Maybe"}], "MIG mode 'Maybe'"),
+])
+def test_garbage_or_repeated_nvidia_smi_rows_are_refused(tmp_path: Path, gpus: list, message: str) -> None:
+    """Issue 39: such rows were taken as GPUs (a replica given CUDA_VISIBLE_DEVICES=x, or two replicas on
+    one GPU). kvctl cannot tell which GPUs are real then: it refuses, naming the row, as for a failing nvidia-smi."""
+    env = machine(tmp_path, {"gpus": gpus})
+    with pytest.raises(UsageError) as err:
+        allocate(1, 1, env)
+    assert message in err.value.message and "nvidia-smi" in (err.value.hint or ""), err.value.message
+    assert check_accelerator(GPU_VLLM, env).status == "fail"
+
+
 def test_normalized_as_recorded() -> None:
     assert normalized("0, 1") == "0,1" and normalized(f" {MIGS[0]} ") == MIGS[0]
     assert normalized(None) is None and normalized("") is None and normalized("-1") is None

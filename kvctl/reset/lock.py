@@ -24,6 +24,7 @@ import hashlib
 import ipaddress
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,28 +93,66 @@ def _is_own(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         return False
 
 
+# The locks this process holds, per lock file: its descriptor and how many holders each key has. POSIX
+# locks belong to the process, and closing any descriptor of the file drops all of them, so a nested
+# reset_lock (kvctl weights update holds its replicas' locks around the reset's executor, which takes
+# them again) counts its keys here instead of opening the file again.
+_HELD: dict[Path, tuple[int, dict[str, int]]] = {}
+_GUARD = threading.Lock()
+
+
 @contextmanager
 def reset_lock(urls: list[str], override: str | Path | None = None) -> Iterator[None]:
     """Hold the reset lock of every replica (each of its endpoint keys); Busy at once, naming the
-    URL as given, when another process holds one."""
-    import fcntl
+    URL as given, when another process holds one. Re-entrant within this process."""
+    import fcntl  # POSIX only: imported where a lock is taken
 
     keys: dict[str, str] = {}
     for url in urls:
         for key in endpoint_keys(url):
             keys.setdefault(key, url)
     folder = state_dir(override) / LOCKS
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(folder / "reset.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    path = folder / "reset.lock"
+    taken: list[str] = []
+    with _GUARD:
+        if path not in _HELD:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _HELD[path] = (os.open(path, os.O_RDWR | os.O_CREAT, 0o600), {})
+        fd, counts = _HELD[path]
+        try:
+            for key in sorted(keys):
+                if not counts.get(key):
+                    try:
+                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _offset(key))
+                    except OSError:  # EAGAIN / EACCES: held by another process
+                        raise Busy(keys[key]) from None
+                counts[key] = counts.get(key, 0) + 1
+                taken.append(key)
+        except BaseException:
+            _release(path, taken)
+            raise
     try:
-        for key in sorted(keys):
-            offset = int(hashlib.sha1(key.encode()).hexdigest()[:10], 16)  # < 2**40: one byte per key
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
-            except OSError:  # EAGAIN / EACCES: held by another process
-                raise Busy(keys[key]) from None
         yield
     finally:
+        with _GUARD:
+            _release(path, taken)
+
+
+def _offset(key: str) -> int:
+    return int(hashlib.sha1(key.encode()).hexdigest()[:10], 16)  # < 2**40: one byte per key
+
+
+def _release(path: Path, taken: list[str]) -> None:
+    import fcntl
+
+    fd, counts = _HELD[path]
+    for key in taken:
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, _offset(key))
+    if not counts:
+        del _HELD[path]
         os.close(fd)  # releases every lock this process holds on the file
 
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from kvctl.interrupt import signal_of
 from kvctl.reset.execute import WhilePaused, execute_plan
+from kvctl.reset.lock import Busy, reset_lock
 from kvctl.reset.plan import ReplicaPlan, replica_client
 from kvctl.reset.receipt import OpResult
 from kvctl.targets import Fleet, Replica
@@ -44,7 +45,13 @@ async def update_fleet(fleet: Fleet, options: WeightsOptions,
             return receipt_without_execution(plan, time.perf_counter() - start)
         if on_plan is not None:
             on_plan(plan)
-        return await _update(plan, fleet, start, http)
+        try:  # from the checksums before to the labels after: the reset's executor takes it again (re-entrant)
+            with reset_lock([r.url for r in plan.replicas]):
+                return await _update(plan, fleet, start, http)
+        except Busy as exc:
+            plan.error = f"{exc}: two updates (or resets) of one replica at once undo each other's pause"
+            plan.hint = "wait for that one to finish (or stop it), then update again"
+            return receipt_without_execution(plan, time.perf_counter() - start)
 
 
 async def _update(plan: WeightsPlan, fleet: Fleet, start: float, http: HttpPool) -> WeightsReceipt:

@@ -1,5 +1,5 @@
 """One path for every signal that ends a long fleet operation: SIGINT (Ctrl-C), SIGTERM (what
-`timeout`, CI cancellation, systemd and Kubernetes send) and SIGHUP (a closed terminal).
+`timeout`, CI cancellation, systemd and Kubernetes send), SIGHUP (a closed terminal) and SIGQUIT (Ctrl-\\).
 
 Each of them cancels the operation's task with a message naming the signal, so the operation's own
 `finally` runs (a reset resumes every replica it paused) and it returns a receipt that says it was
@@ -16,16 +16,16 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 # Every signal that ends a process in the foreground of a terminal: Ctrl-C, Ctrl-\ (SIGQUIT), a closed
 # terminal or a dropped SSH session (SIGHUP), and kill / timeout / systemd (SIGTERM).
 TERMINAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
                          if hasattr(signal, name))
+SIGNALS = TERMINAL_SIGNALS  # what interruptible() turns into a cancellation (SIGQUIT too since issue 39)
 _PREFIX = "kvctl interrupted by "
 
 
 async def interruptible(operation: Awaitable[T]) -> T:
-    """Run `operation` so that SIGINT, SIGTERM and SIGHUP cancel it (once) with `signal_of` telling which."""
+    """Run `operation` so that SIGINT, SIGTERM, SIGHUP and SIGQUIT cancel it (once) with `signal_of` telling which."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(operation)
     seen: list[str] = []

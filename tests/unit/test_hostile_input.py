@@ -596,11 +596,11 @@ def test_a_plain_prefix_is_still_accepted_everywhere(cli, tmp_path: Path) -> Non
 
 
 # -- signals (issue 24, finding 4) ----------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"])
 def test_any_signal_mid_reset_resumes_the_fleet_and_the_receipt_says_so(name: str) -> None:
     """Attack: SIGTERM (what `timeout`, CI cancellation, systemd and Kubernetes send) during
-    `kvctl reset --pause` left every replica paused; only SIGINT resumed them. Must hold, for each of
-    SIGINT, SIGTERM and SIGHUP: kvctl resumes what it paused, prints a receipt that says it was
+    `kvctl reset --pause` left every replica paused; only SIGINT resumed them; Ctrl-\\ (SIGQUIT, issue 39)
+    still did. Must hold, for each of SIGINT, SIGTERM, SIGHUP and SIGQUIT: kvctl resumes what it paused, prints a receipt that says it was
     interrupted (nothing counted as reset), and exits 128 + the signal's number."""
     import json
     import signal

@@ -29,6 +29,7 @@ from kvctl.reset.evidence import Evidence
 from kvctl.reset.lock import Busy, reset_lock
 from kvctl.reset.plan import Plan, PlannedOp, ReplicaPlan, ResetOptions, ha_group, replica_client, uses_master
 from kvctl.reset.receipt import MasterReceipt, OpResult, Receipt, ReplicaReceipt, conclude, receipt_without_execution
+from kvctl.reset.resuming import Paused, pause_all, resume_all
 from kvctl.reset.window import accepts_requests, describe
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
@@ -41,8 +42,9 @@ T = TypeVar("T")
 class WhilePaused:
     """A step run on each live replica after the pause and before the cache ops (kvctl.weights'
     reload). A replica whose step failed is kept paused at the end (it must not serve beside
-    replicas running other weights in one cache namespace) unless `resume_failed`; a signal still
-    resumes every replica kvctl paused. The executor fills in the timings."""
+    replicas running other weights in one cache namespace, or without weights) unless `resume_failed`,
+    a signal too; a signal resumes the other replicas kvctl paused. The executor fills in the timings
+    and `held`: the replicas it kept paused."""
 
     run: Callable[[ReplicaPlan, VllmClient], Awaitable[OpResult]] | None = None
     # or one step for the whole fleet (a trainer that moves its weights itself: kvctl.api.update_window_async)
@@ -50,6 +52,7 @@ class WhilePaused:
     resume_failed: bool = False
     failed: list[str] = field(default_factory=list)  # replicas whose step failed (kept paused unless resume_failed)
     phases: dict[str, float] = field(default_factory=dict)  # seconds: pause, step, reset, resume, verify
+    held: list[str] = field(default_factory=list)  # kept paused at the end: their step failed (not resume_failed)
     paused_s: float | None = None  # the fleet's paused window: first pause sent -> last resume answered
 
 
@@ -133,12 +136,14 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
     paused_at: float | None = None
     paused_s: float | None = None  # the fleet's paused window: first pause sent -> last resume answered
     held: set[str] = set()  # replicas kept paused at the end: their step failed
+    paused = Paused()  # the replicas whose /pause kvctl sent: the only ones it resumes (kvctl.reset.resuming)
     store = None  # the store client of a scoped clear, connected before the pause (its start is ~0.4 s)
     try:
         store = await master_clear.prepare_store_session(plan)
         if opts.pausing:
             paused_at = time.perf_counter()
-            stuck = await clock.timed("pause", _pause_all(live, by_name, opts, http, sem, receipts, owner_paused))
+            stuck = await clock.timed("pause", pause_all(live, by_name, opts, http, sem, receipts, owner_paused,
+                                                         paused, _run_op))
         if stuck:
             for rp in live:
                 if rp.name not in stuck:
@@ -159,12 +164,13 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
         _uncancel()  # the interruption is handled here: the resume below must run to its end
     finally:
         if opts.pausing:
-            # a signal resumes every replica kvctl paused; otherwise a failed step keeps its replica paused
-            if step is not None and interrupted is None and not step.resume_failed:
+            # kvctl resumes only what it paused; a failed step keeps its replica paused, a signal too
+            if step is not None and not step.resume_failed:
                 held = set(step.failed)
-            resumable = [rp for rp in live if rp.name not in owner_paused and rp.name not in held]
-            await asyncio.shield(clock.timed("resume", _resume_all(resumable, stuck, by_name, opts, http, sem,
-                                                                   receipts)))
+                step.held = sorted(held)
+            resumable = [rp for rp in live if rp.name in paused.sent and rp.name not in held]
+            await asyncio.shield(clock.timed("resume", resume_all(resumable, paused, by_name, opts, http, sem,
+                                                                  receipts, _run_op)))
             if paused_at is not None:
                 paused_s = round(time.perf_counter() - paused_at, 6)
                 if step is not None:
@@ -174,7 +180,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
             store.close()
     if interrupted is not None:
         return _interrupted(conclude(plan, list(receipts.values()), master, time.perf_counter() - start, phases,
-                                     paused_s), interrupted, opts.pausing)
+                                     paused_s), interrupted, opts.pausing, held)
     if opts.verify and not stuck:
         # a replica kept paused (its step failed, or its owner paused it) cannot answer a canary: its
         # check waits for the resume (kvctl evidence check)
@@ -281,9 +287,9 @@ class _Clock:
             self.phases[name] = round(time.perf_counter() - started, 6)
 
 
-def _interrupted(receipt: Receipt, signal_name: str, pausing: bool) -> Receipt:
+def _interrupted(receipt: Receipt, signal_name: str, pausing: bool, held: set[str]) -> Receipt:
     """A reset a signal ended early: nothing counts as reset (or verified), and each replica says
-    whether kvctl resumed it (its resume op, in its ops)."""
+    whether kvctl resumed it (its resume op, in its ops), kept it paused, or never paused it."""
     receipt.exit_code = exit_code_for(signal_name)
     unconfirmed = []
     for rr in receipt.replicas:
@@ -291,12 +297,13 @@ def _interrupted(receipt: Receipt, signal_name: str, pausing: bool) -> Receipt:
         resumed = next((o for o in rr.ops if o.op == "resume"), None)
         if resumed is not None and resumed.result != "ok":
             unconfirmed.append(rr.name)
-        state = ("not paused by kvctl" if resumed is None else "resumed" if resumed.result == "ok"
+        state = ("kept paused: its step failed" if rr.name in held
+                 else "not paused by kvctl" if resumed is None else "resumed" if resumed.result == "ok"
                  else f"NOT confirmed resumed: {resumed.error}")
         rr.error = f"interrupted by {signal_name} before its reset was confirmed; {state}" + \
             (f" ({rr.error})" if rr.error else "")
     receipt.not_reset = [r.name for r in receipt.replicas]
-    paused = ("nothing was paused" if not pausing else "see each replica" if unconfirmed
+    paused = ("nothing was paused" if not pausing else "see each replica" if unconfirmed or held
               else "every replica kvctl paused was resumed")
     receipt.summary = f"interrupted by {signal_name}: the reset did not finish; {paused}; nothing is verified"
     return receipt
@@ -306,85 +313,6 @@ def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None and hasattr(task, "uncancel"):  # Python >= 3.11 counts cancellations
         task.uncancel()
-
-
-async def _pause_all(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions, http: HttpPool,
-                     sem: asyncio.Semaphore, receipts: dict[str, ReplicaReceipt], owner_paused: set[str]) -> list[str]:
-    """Pause every replica at once. As soon as one pause fails, the others still waiting are cut
-    short (the caller resumes everyone at once). Returns the replicas whose pause did not succeed."""
-    async def one(rp: ReplicaPlan) -> bool:
-        op = next((o for o in rp.ops if o.op == "pause"), None)
-        if op is None:
-            return True
-        if rp.name in owner_paused:  # read while planning: paused or asleep, and left so
-            left = "left asleep" if rp.window == "asleep" else "left paused"
-            receipts[rp.name].ops.append(OpResult("pause", "skipped", detail=f"already {describe(rp.window)}: {left}"))
-            return True
-        async with sem, replica_client(by_name[rp.name], opts, http) as client:
-            if op.skip is None and await _is_paused(client) is True:
-                owner_paused.add(rp.name)
-                receipts[rp.name].ops.append(OpResult("pause", "skipped", detail="already paused by its owner: "
-                                                                                 "left paused"))
-                return True
-            result = await _run_op(client, rp, op, opts)
-            receipts[rp.name].ops.append(result)
-            return result.result != "failed"
-
-    tasks = {asyncio.create_task(one(rp)): rp.name for rp in live}
-    failed: list[str] = []
-    pending = set(tasks)
-    while pending and not failed:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        failed += [tasks[t] for t in done if t.exception() is not None or not t.result()]
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    for t in pending:
-        receipts[tasks[t]].ops.append(OpResult("pause", "failed", error="cut short: another replica's pause failed"))
-    return failed + [tasks[t] for t in pending]
-
-
-LATE_PAUSE_WATCH_S = 3.0  # after resuming a replica whose pause failed: watch for a pause that lands late
-
-
-async def _resume_all(replicas: list[ReplicaPlan], stuck: list[str], by_name: dict[str, Replica],
-                      opts: ResetOptions, http: HttpPool, sem: asyncio.Semaphore,
-                      receipts: dict[str, ReplicaReceipt]) -> None:
-    """Resume every replica kvctl paused (or tried to). A replica whose pause failed may still get
-    paused by that request after kvctl gave up: check /is_paused for a while and resume again; if
-    it cannot be confirmed, say so with the command that resumes it."""
-    async def one(rp: ReplicaPlan) -> None:
-        op = next((o for o in rp.ops if o.op == "resume"), None)
-        if op is None:
-            return
-        async with sem, replica_client(by_name[rp.name], opts, http) as client:
-            receipts[rp.name].ops.append(await _run_op(client, rp, op, opts))
-            if rp.name not in stuck:
-                return
-            paused: bool | None = None
-            deadline = time.monotonic() + LATE_PAUSE_WATCH_S
-            while time.monotonic() < deadline:
-                await asyncio.sleep(0.25)
-                paused = await _is_paused(client)
-                if paused:
-                    await client.resume()  # the late pause landed: undo it
-            timed_out = any(o.op == "pause" and o.result == "failed" and "timed out" in (o.error or "")
-                            for o in receipts[rp.name].ops)
-            if paused is not False or timed_out:  # a timed-out /pause is still in flight on the server
-                note = (f"it may be left paused (its /pause may still take effect): check "
-                        f"`curl {rp.url}/is_paused` and resume it with `curl -X POST {rp.url}/resume`")
-                rr = receipts[rp.name]
-                why = rr.error or "; ".join(f"{o.op}: {o.error}" for o in rr.ops if o.result == "failed")
-                rr.error = f"{why}; {note}" if why else note
-
-    await asyncio.gather(*(one(rp) for rp in replicas))
-
-
-async def _is_paused(client: VllmClient) -> bool | None:
-    outcome = await client.is_paused()
-    body = outcome.body if outcome.ok and isinstance(outcome.body, dict) else {}
-    value = body.get("is_paused")
-    return value if isinstance(value, bool) else None
 
 
 async def _run_op(client: VllmClient, rp: ReplicaPlan, op: PlannedOp, opts: ResetOptions) -> OpResult:

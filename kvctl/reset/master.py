@@ -105,15 +105,24 @@ async def clear_master(master: MasterReceipt, plan: Plan, http: HttpPool, store:
 
 async def prepare_store_session(plan: Plan) -> Any:
     """A store client started and connected now, for a scoped clear planned through it (None otherwise,
-    or when it cannot start: the clear then starts its own and reports why it fails)."""
+    or when it cannot start: the clear then starts its own and reports why it fails). Cancelled (a
+    signal), the child is killed and nothing waits for it."""
     from kvctl.transport import store_client
 
     if not (plan.master_clear and plan.master_clear_scope == "scoped" and plan.master_rpc):
         return None
+    # waited for in short steps, each in a thread: a signal meanwhile ends the child at once, and no thread is
+    # left waiting out the start's timeout (asyncio.run joins its threads before it returns)
+    session = store_client.StoreSession(plan.master_rpc, plan.options.clear_timeout + 30, wait=False)
     try:
-        return await asyncio.to_thread(store_client.StoreSession, plan.master_rpc, plan.options.clear_timeout + 30)
+        while not await asyncio.to_thread(session.ready_within, 0.1):
+            pass
     except store_client.StoreClientError:
         return None
+    except BaseException:
+        session.kill()
+        raise
+    return session
 
 
 def deployment_pattern(plan: Plan) -> str | None:

@@ -87,15 +87,37 @@ class StoreSession:
     takes ~0.4 s, most of a scoped clear, and a paused fleet serves nothing meanwhile. Removals are then
     sent one JSON line at a time; close() ends the child. Not thread-safe: one removal at a time."""
 
-    def __init__(self, rpc_address: str, timeout: float = 30.0) -> None:
+    def __init__(self, rpc_address: str, timeout: float = 30.0, *, wait: bool = True) -> None:
+        """`wait`: until connected (StoreClientError if not within `timeout`); False: only started, for
+        a caller that waits in short steps (ready_within) so that it can give up at any moment (kill)."""
         self.rpc_address = rpc_address
+        self._deadline = time.monotonic() + timeout
         self._proc = subprocess.Popen(_command(rpc_address) + ["--serve"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env(), text=True)
-        answer = self._answer(timeout)
+        if wait:
+            while not self.ready_within(timeout):
+                pass
+
+    def ready_within(self, seconds: float) -> bool:
+        """True once connected; False when not yet after `seconds` (at most); StoreClientError (the child
+        ended) when it failed or the start's timeout has passed."""
+        assert self._proc.stdout is not None
+        left = self._deadline - time.monotonic()
+        if left > 0 and not select.select([self._proc.stdout], [], [], min(seconds, left))[0]:
+            if time.monotonic() < self._deadline:
+                return False
+        answer = self._answer(0)
         if not answer.get("ready"):
             self.close()
-            raise StoreClientError(f"Mooncake's store client could not connect to the master at {rpc_address}: "
+            raise StoreClientError(f"Mooncake's store client could not connect to the master at {self.rpc_address}: "
                                    f"{answer.get('error', 'no answer')}", answer.get("hint") or INSTALL_HINT)
+        return True
+
+    def kill(self) -> None:
+        """End the child now (a start given up)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
 
     @property
     def alive(self) -> bool:

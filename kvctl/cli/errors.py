@@ -44,19 +44,19 @@ def handle_errors(func: F) -> F:
                 raise
             exit_interrupted(exc, True, "the command ended before its result")
         except KvctlError as exc:
-            if debug_enabled():
-                raise
             if json_out and not getattr(exc, "json_reported", False):
                 _print_json_error(exc)  # scripts read stdout: an error there too, not an empty stream
+            if debug_enabled():
+                raise  # the traceback, on stderr
             _print_error(exc.message, exc.hint)
             raise typer.Exit(exc.exit_code) from None
         except Exception as exc:  # a bug: say so briefly, full story with --debug
-            if debug_enabled():
-                raise
             message = f"internal error: {type(exc).__name__}: {exc}"
             fix = "rerun with --debug for the traceback, and report it"
             if json_out:
                 _print_json_fields(message, fix, EXIT_FAILED)
+            if debug_enabled():
+                raise  # the traceback, on stderr
             _print_error(message, fix)
             raise typer.Exit(EXIT_FAILED) from None
 

@@ -125,3 +125,20 @@ def test_a_keyboard_interrupt_that_names_its_signal_exits_with_its_code(capsys) 
     with pytest.raises(typer.Exit) as ended:
         exit_interrupted(KeyboardInterrupt("SIGTERM"), True, "x")
     assert ended.value.exit_code == 143 and json.loads(capsys.readouterr().out)["interrupted"] == "SIGTERM"
+
+
+def test_with_debug_json_still_gets_its_error_object_and_the_traceback_stays_off_stdout(monkeypatch) -> None:
+    """--debug re-raises for the traceback (on stderr); a script that asked for JSON still reads one."""
+    from typer.testing import CliRunner
+
+    import kvctl.targets
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(kvctl.targets, "resolve_targets", broken)
+    monkeypatch.setenv("KVCTL_DEBUG", "0")  # restored (removed) after the test: --debug sets it for the process
+    result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9", "-o", "json", "--debug"])
+    assert isinstance(result.exception, RuntimeError)  # raised on: Python prints its traceback on stderr
+    data = json.loads(result.stdout)
+    assert data["error"]["message"] == "internal error: RuntimeError: boom" and "Traceback" not in result.stdout

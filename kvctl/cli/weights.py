@@ -148,6 +148,8 @@ def _print_results(receipt: Any) -> None:
     for r in receipt.replicas:
         if r.error:
             output.show(f"[red]{escape(r.name)}[/]: {escape(r.error)}")
+        elif r.next_steps:  # updated, and still something to do (resume a replica left paused)
+            output.show(f"{escape(r.name)}:")
         for step in r.next_steps:
             output.show(f"  [bold]next:[/] {escape(step)}")
         if r.checksum_note and not r.updated:

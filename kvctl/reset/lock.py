@@ -44,9 +44,10 @@ class Busy(Exception):
         self.url = url
 
 
-def endpoint_keys(url: str) -> list[str]:
+def endpoint_keys(url: str, hosts: dict[str, list[str]] | None = None) -> list[str]:
     """The lock keys of the server `url` names: `<address>:<port><path>` for each address its host
-    resolves to (`local` for this machine's own), sorted."""
+    resolves to (`local` for this machine's own), sorted. `hosts`: a host's keys already found (one
+    lookup per host for a fleet of many ports on few hosts)."""
     text = url.strip()
     parts = urlsplit(text if "://" in text else f"http://{text}")
     try:
@@ -57,7 +58,12 @@ def endpoint_keys(url: str) -> list[str]:
     port = port if port is not None else DEFAULT_PORTS.get(parts.scheme.lower(), 80)
     path = "/".join(p for p in parts.path.split("/") if p)
     tail = f":{port}" + (f"/{path}" if path else "")
-    return sorted({f"{_host_key(address)}{tail}" for address in _addresses(host, port)})
+    if hosts is None or host not in hosts:
+        found = sorted({_host_key(address) for address in _addresses(host, port)})
+        if hosts is None:
+            return [f"{key}{tail}" for key in found]
+        hosts[host] = found
+    return [f"{key}{tail}" for key in hosts[host]]
 
 
 def _addresses(host: str, port: int) -> set[str]:
@@ -108,8 +114,9 @@ def reset_lock(urls: list[str], override: str | Path | None = None) -> Iterator[
     import fcntl  # POSIX only: imported where a lock is taken
 
     keys: dict[str, str] = {}
+    hosts: dict[str, list[str]] = {}
     for url in urls:
-        for key in endpoint_keys(url):
+        for key in endpoint_keys(url, hosts):
             keys.setdefault(key, url)
     folder = state_dir(override) / LOCKS
     path = folder / "reset.lock"

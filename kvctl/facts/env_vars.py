@@ -29,6 +29,27 @@ INHERITED_OR_BUILD = frozenset({"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA
 # Platform plugins read their own VLLM_<PLUGIN>_* names (vllm_ascend/envs.py): kvctl has no facts
 # for them, so it says nothing about them.
 PLUGIN_PREFIXES = ("VLLM_ASCEND_",)
+# Names a release stopped reading because what they chose became the only behaviour: set to that
+# choice, they ask for what runs anyway (vLLM logs an unknown name from 0.17.0 and acts as asked).
+# name -> (the value's meaning as vLLM read it, what runs since, the source).
+MOOT_AFTER_REMOVAL = {
+    "VLLM_USE_V1": (lambda value: _int(value) not in (None, 0), "V1 is the only engine",
+                    "vllm/engine/llm_engine.py:6 in 0.11.1: LLMEngine = V1LLMEngine; vllm/envs.py:901 in "
+                    "0.11.0 read it as bool(int(...))"),
+}
+
+
+def _int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def moot(name: str, value: str) -> tuple[str, str] | None:
+    """(what runs, source) when a release that no longer reads `name` does what `value` asked."""
+    row = MOOT_AFTER_REMOVAL.get(name)
+    return (row[1], row[2]) if row is not None and row[0](str(value).strip()) else None
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,11 @@ def check_env_names(env: Mapping[str, str], v: Version, out: Collector) -> None:
         if not name.startswith("VLLM_") or env_vars.is_plugin_name(name) or env_vars.reads(v, name):
             continue
         message, fix = _unread_name(name, str(env[name]), v)
+        runs = env_vars.moot(name, str(env[name])) if env_vars.history(name) else None
+        if runs is not None and Version(env_vars.history(name)[-1][1] or "0") <= _release(v):
+            out.warn(join("env", name), f"{message}{_validation_note(name, v)}; {name}={env[name]} asks for "
+                     f"what runs anyway: {runs[0]} ({runs[1]})", f"nothing breaks; remove {name} (vLLM {v} ignores it)")
+            continue
         if name in set_by:
             out.warn(join("env", name), f"{message}{_validation_note(name, v)}; {set_by[name]} sets it, "
                      "not this file", f"nothing to change here (harmless unless vLLM runs with "

@@ -161,7 +161,7 @@ def _check_role(cfg: Mapping[str, Any], where: str, out: Collector, child: bool,
         out.error(path, f"kv_role {role!r} is not one of {', '.join(ROLES)}: vLLM raises "
                   "ValueError", f"use kv_role: {_suggest_role(role)}")
     elif connector is None and not child:  # a child without a connector is reported as an error
-        out.warn(path, f"kv_role is {role!r} but kv_connector is not set: vLLM attaches no KV "
+        out.drop(path, f"kv_role is {role!r} but kv_connector is not set: vLLM attaches no KV "
                  "connector, so nothing is offloaded or transferred",
                  "set kv_connector (e.g. MooncakeStoreConnector) or drop kv_transfer_config")
 
@@ -286,7 +286,8 @@ def _unconverted(key: str, value: Any, annotation: str | None, v: Version, path:
     if annotation and type_error(annotation, value) is None and type_error("str", value) is None \
             and not any(name in annotation for name in ("str", "Literal", "Any")):
         out.warn(path, f"{key} {value!r} is a string; vLLM {v} builds KVTransferConfig as a plain "
-                 f"dataclass, which does not convert it to {annotation}", f"write {key} as "
+                 f"dataclass, which does not convert it to {annotation}: the connector gets the str, "
+                 "which works only where its code does not need a number", f"write {key} as "
                  f"{_example(annotation)}")
     elif key == "kv_buffer_device" and isinstance(value, str):
         _check_buffer_device(value, path, out)

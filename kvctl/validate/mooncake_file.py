@@ -256,10 +256,15 @@ def _check_versioned_keys(cfg: Mapping[str, Any], v: Version, where: str, out: C
             since = table().capability("mooncake.enable_offload").span.since
             out.drop(path, f"vLLM {v} does not read enable_offload (first read in {since}): no "
                      "offload happens", f"remove it, or upgrade vLLM to >= {since}")
-        elif not isinstance(value, bool):
-            out.warn(path, f"enable_offload is {value!r}, not true/false: vLLM reads it with "
-                     "bool(), so any non-empty string (even \"false\") turns it on",
-                     '"enable_offload": true or false (JSON booleans)')
+        elif not isinstance(value, bool) and not placeholder(value):
+            from kvctl.validate.offloading import says_bool
+
+            said = says_bool(str(value)) if isinstance(value, str) else bool(value)
+            if said is not bool(value):  # bool("false") is True: what the file says does not happen
+                (out.drop if said is False else out.warn)(
+                    path, f"enable_offload is {value!r}, not true/false: vLLM reads it with bool(), so "
+                    f"it is {bool(value)} (any non-empty string, \"false\" too, turns it on)",
+                    '"enable_offload": true or false (JSON booleans)')
 
 
 def _check_mooncake_keys(cfg: Mapping[str, Any], where: str, out: Collector, who: Reader,

@@ -119,8 +119,7 @@ def _check_value(key: OffloadKey, value: Any, v: Version, path: str, out: Collec
         out.error(path, f"{key.name} {value!r}: vLLM {v}'s {owner} converts it with {key.cast}(), which "
                   f"raises on it, so the server does not start ({key.source})", f"write {key.name} as {_example(key)}")
     elif key.cast == "bool" and isinstance(value, str):
-        out.warn(path, f"{key.name} {value!r} is a string: vLLM {v} takes bool() of it, and every non-empty "
-                 "string is true (\"false\" too)", f"write {key.name}: true or false (no quotes)")
+        _bool_string(key, value, v, path, out, owner)
     elif key.choices and str(value) not in key.choices:
         message = re.sub(r"\{[A-Z_]+\}", str(key.choices), _format(key.message or "", **{key.name: repr(value)}))
         out.error(path, f"{key.name} {value!r}: vLLM {v}'s {owner} raises {_quote(message)} at start "
@@ -129,6 +128,27 @@ def _check_value(key: OffloadKey, value: Any, v: Version, path: str, out: Collec
         out.warn(path, f"{key.name} {value!r} is {type(value).__name__}: vLLM {v} uses it as it is, "
                  f"unconverted, where it expects {key.annotation} ({key.source})",
                  f"write {key.name} as {_example(key)}")
+
+
+def _bool_string(key: OffloadKey, value: str, v: Version, path: str, out: Collector, owner: str) -> None:
+    """bool() of a string: True for every non-empty one. A string that says off is misread (an
+    error: the setting does not happen); one that says on is read as written."""
+    said = says_bool(value)
+    if said is True:
+        return
+    misread = f"{key.name} {value!r} is a string: vLLM {v}'s {owner} takes bool() of it ({key.source}), " \
+              f"and bool({value!r}) is True"
+    if said is False:
+        out.drop(path, f"{misread}: {key.name} is on, though the file says off", f"write {key.name}: false (no quotes)")
+    else:
+        out.warn(path, f"{misread} (every non-empty string is)", f"write {key.name}: true or false (no quotes)")
+
+
+def says_bool(text: str) -> bool | None:
+    """What a string means as a yes/no to a reader (None: neither); bool() reads only '' as False."""
+    word = text.strip().lower()
+    return True if word in ("true", "1", "yes", "on", "y", "t") else \
+        False if word in ("false", "0", "no", "off", "n", "f", "", "none", "null") else None
 
 
 def _check_tiers(tiers: Any, fact: dict[str, Any], v: Version, path: str, out: Collector) -> None:

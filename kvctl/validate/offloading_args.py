@@ -138,7 +138,7 @@ def _build(given: Mapping[str, Any], facts: OffloadArgs, root: str, v: Version, 
     elif backend.extra_mode == "replace":
         built["kv_connector_extra_config"] = written
     else:
-        out.warn(join(root, SIZE), f"vLLM {v} does not pass {_label(artifact, SIZE)}'s value to {connector} "
+        out.drop(join(root, SIZE), f"vLLM {v} does not pass {_label(artifact, SIZE)}'s value to {connector} "
                  f"({backend.source}): the size only turns offloading on; the capacity is set where "
                  f"{connector} reads it (for LMCache: the LMCache server's own config)",
                  f"set the capacity in {connector}'s configuration")

@@ -187,7 +187,7 @@ class _Chart:
                            "and vLLM refuses --kv-transfer-config that is not JSON",
                            "add lmcacheConfig.nixlRole: \"sender\" (prefill) or \"receiver\" (decode)")
         if not lmcache["enablePD"]:
-            self.out.warn(join(lm, "enablePD"),
+            self.out.drop(join(lm, "enablePD"),
                           f"lmcacheConfig.enablePD is {lmcache['enablePD']!r}, but the chart tests only "
                           "that the key exists: it still renders the disaggregated-prefill "
                           "kv_transfer_config (lmcache_rpc_port from nixlRole), without the PD env "

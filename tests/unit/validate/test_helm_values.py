@@ -88,8 +88,8 @@ def test_enable_pd_false_still_renders_the_pd_config(tmp_path: Path) -> None:
     path = write(tmp_path, model("enabled: true\nenablePD: false\nnixlRole: sender"))
     (artifact,) = read(path).artifacts
     assert "kv_connector_extra_config" in artifact.data and "LMCACHE_NIXL_ROLE" not in artifact.env
-    (warning,) = problems(path, kind="warning")
-    assert "tests only that the key exists" in warning.message
+    (dropped,) = problems(path, kind="dropped")  # 'false' does not happen: an error (issue 40 rule)
+    assert "tests only that the key exists" in dropped.message and dropped.severity == "error"
 
 
 def test_ray_template_keeps_the_old_v1_rule_and_ignores_kv_role(tmp_path: Path) -> None:

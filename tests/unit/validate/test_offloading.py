@@ -95,11 +95,12 @@ def test_a_misspelled_spec_and_a_misspelled_key() -> None:
     assert _mine(_offloading(custom), "0.32.0") == []
 
 
-def test_values_vllm_cannot_convert_fail_and_string_booleans_warn() -> None:
+def test_values_vllm_cannot_convert_fail_and_string_booleans_vllm_misreads_fail() -> None:
     problems = _mine(_offloading({"cpu_bytes_to_use": "10GB", "offload_prompt_only": "false"}), "0.32.0")
     bad = _at(problems, "cpu_bytes_to_use")
     assert bad.severity == "error" and "converts it with int()" in bad.message
-    assert _at(problems, "offload_prompt_only").severity == "warning"
+    misread = _at(problems, "offload_prompt_only")  # bool("false") is True: the setting does not happen
+    assert misread.severity == "error" and misread.dropped
     assert _mine(_offloading({"cpu_bytes_to_use": "10737418240"}), "0.32.0") == []  # int("1073...") works
 
 

@@ -183,10 +183,10 @@ def test_bad_role_suggests_the_right_one(role: object, suggestion: str) -> None:
     assert problem.fix == f"use kv_role: {suggestion}"
 
 
-def test_role_without_connector_warns() -> None:
+def test_role_without_connector_is_dropped() -> None:
     problem = only(validate_kv_transfer_config({"kv_role": "kv_both"}, "0.23.0"),
                    "kv_transfer_config.kv_role")
-    assert problem.severity == WARNING and "kv_connector is not set" in problem.message
+    assert problem.severity == ERROR and problem.dropped and "kv_connector is not set" in problem.message
 
 
 # -- connector ---------------------------------------------------------------------------

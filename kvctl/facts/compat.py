@@ -47,6 +47,9 @@ class CompatReport:
     # this release's own calls that wipe every deployment on a shared master (kvctl.facts.shared_master):
     # {connector, since, source, calls, message, isolation}; None when none does
     shared_master: dict[str, Any] | None = None
+    # for a deployment that salts each request with its weight version instead of resetting
+    # (kvctl.facts.salting): {takes_salt, tiers: [{tier, salt, detail, source}], isolates, verdict, fixes}
+    salt: dict[str, Any] | None = None
 
     def meets_hard_reset(self, with_master: bool = False) -> bool:
         """Can kvctl guarantee a hard reset? with_master: kvctl reset will be given --master."""
@@ -113,6 +116,9 @@ def assess(version: Version, kv_transfer_config: dict[str, Any] | None,
     ]
     _conclude(t, version, report)
     report.shared_master = _shared_master(version, leaves)
+    from kvctl.facts.salting import assess_salt
+
+    report.salt = assess_salt(version, leaves).to_dict()
     return report
 
 
@@ -270,7 +276,30 @@ def matrix_markdown() -> str:
     for row in data["rows"]:
         since = row["since"] or "all supported"
         lines.append(f"| {_md(row['title'])} | {since} | {row['until'] or ''} | {_md(row['source'])} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + salt_markdown()) + "\n"
+
+
+def salt_markdown() -> list[str]:
+    """Per connector: does it carry a request's cache_salt (capabilities.yaml salt_tiers), with the
+    releases that register it and where vLLM's sources say what its keys are built from."""
+    from kvctl.facts.salting import WORDS, salt_tiers
+
+    t = table()
+    lines = ["Whether each tier carries a request's `cache_salt` (a deployment that salts by weight version "
+             "instead of resetting; `kvctl compat check` answers per layout, `kvctl salt check` proves it live):",
+             "", "| tier | salt | vLLM releases | keys read (vLLM sources) | source |", "|---|---|---|---|---|"]
+    local = t.capability("engine.cache_salt_in_block_hash")
+    lines.append(f"| local prefix cache | honours | >= {local.span.since} | block hashes | {_md(local.source)} |")
+    for row in salt_tiers().values():
+        conn = t.connector(row.name)
+        regs = t.facts["connectors"].get(row.name, {}).get("v1", [])
+        since = conn.span.since if conn else min((r["since"] for r in regs), key=Version, default=None)
+        keys = t.facts["connectors"].get(row.name, {}).get("salt_keys", {}).get("values", [])
+        read = "; ".join(f"{k['value']} ({k['since']}{'-' + k['until'] if k.get('until') else '+'}, "
+                         f"{k['file'].rsplit('/', 1)[-1]}:{k['line']})" for k in keys) or "-"
+        word = row.salt if row.salt in WORDS else row.salt
+        lines.append(f"| {row.name} | {word} | {'>= ' + since if since else '-'} | {_md(read)} | {_md(row.source)} |")
+    return lines
 
 
 def _md(text: str) -> str:

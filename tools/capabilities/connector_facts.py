@@ -275,9 +275,53 @@ def extra_config_keys(tree: SourceTree, files: list[str]) -> dict | None:
     return {"value": dict(sorted(keys.items())), "file": first, "line": 0} if keys else None
 
 
+# vLLM-side packages a connector's key code may live in besides kv_transfer/ (SimpleCPUOffloadConnector's
+# manager, OffloadingConnector's specs)
+SALT_SCOPES = ("vllm/v1/simple_kv_offload/", "vllm/v1/kv_offload/")
+
+
+def salt_keys(tree: SourceTree, module: str, cls_name: str, others: tuple[str, ...] = ()) -> dict | None:
+    """What a connector's keys for a request are built from, as far as vLLM's own sources show:
+    "cache_salt" (it reads the request's salt and hands it on: the external server's keys may carry
+    it), "block_hashes" (it reads a request's block hashes, into which vLLM mixes the cache_salt from
+    the first block on), or "none" (neither: keys from token ids, or no keys at all, transfer by
+    request id). Where: the first read of that kind in the connector's own code (its file, its
+    subpackage, the connector-specific modules it imports, and SALT_SCOPES modules it imports)."""
+    found = find_class_def(tree, module, cls_name)
+    if found is None:
+        return None
+    # another connector's subpackage inside this one's (mooncake/store/ under mooncake/) is not its code
+    own = found[0].rsplit("/", 1)[0] + "/"
+    foreign = {d for o in others if (d := o.rsplit("/", 1)[0] + "/") != own and d.startswith(own)}
+    files = {f for f in scope_files(tree, found[0]) if not f.startswith(tuple(foreign))}
+    for path in list(files):
+        parsed = tree.parse(path)
+        for mod in imported_modules(path, parsed) if parsed else ():
+            target = tree.module_file(mod)
+            if target and target.startswith(SALT_SCOPES):
+                files.add(target)
+    first: dict[str, dict] = {}
+    for path in sorted(files):
+        parsed = tree.parse(path)
+        for node in ast.walk(parsed) if parsed else ():
+            if isinstance(node, ast.Attribute) and node.attr == "cache_salt" or \
+                    isinstance(node, ast.Name) and node.id == "cache_salt":
+                first.setdefault("cache_salt", loc(path, node))
+            # a request's hashes (request.block_hashes, req.block_hashes), not an event's (e.block_hashes)
+            elif isinstance(node, ast.Attribute) and node.attr == "block_hashes" \
+                    and "req" in ast.unparse(node.value).lower():
+                first.setdefault("block_hashes", loc(path, node))
+    for kind in ("cache_salt", "block_hashes"):
+        if kind in first:
+            return {"value": kind, **first[kind]}
+    return {"value": "none", **loc(found[0], found[1])}
+
+
 def extract(tree: SourceTree) -> dict:
     out: dict = {}
-    for name, gens in registrations(tree).items():
+    found = registrations(tree)
+    modules = tuple(p for g in found.values() for r in g.values() if (p := tree.module_file(r["module"])))
+    for name, gens in found.items():
         entry: dict = dict(gens)
         for gen in ("v1", "v0"):
             if gen not in gens:
@@ -286,6 +330,9 @@ def extract(tree: SourceTree) -> dict:
             if reset is not None:
                 entry["reset_cache"] = reset
                 entry.update(reset_caveats(tree, gens[gen]["module"], gens[gen]["class"]))
+            keys = salt_keys(tree, gens[gen]["module"], gens[gen]["class"], modules) if gen == "v1" else None
+            if keys is not None:
+                entry["salt_keys"] = {"values": keys}
             if "mooncake" in name.lower():
                 _add_mooncake(tree, entry, gens[gen])
             break  # a name registered as both: the V1 class is the one a V1 engine loads

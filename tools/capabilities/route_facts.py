@@ -283,6 +283,9 @@ def extract_engine(tree: SourceTree) -> dict:
     salt = completion_field(tree, "cache_salt")
     if salt is not None:
         out["completions.cache_salt"] = {"spans": salt}
+    chat_salt = completion_field(tree, "cache_salt", "ChatCompletionRequest")
+    if chat_salt is not None:
+        out["chat_completions.cache_salt"] = {"spans": chat_salt}
     rejects = paused_rejection(tree)
     if rejects is not None:
         out["pause.rejects_new_requests"] = rejects
@@ -354,13 +357,14 @@ def _mode_test(test: ast.expr, mode: str) -> bool:
     return True
 
 
-def completion_field(tree: SourceTree, field: str) -> dict | None:
-    """Where the OpenAI CompletionRequest (POST /v1/completions) declares `field`, if it does
-    (cache_salt: a per-request salt of the prefix-cache block hashes)."""
+def completion_field(tree: SourceTree, field: str, request: str = "CompletionRequest") -> dict | None:
+    """Where the OpenAI CompletionRequest (POST /v1/completions; ChatCompletionRequest: POST
+    /v1/chat/completions) declares `field`, if it does (cache_salt: a per-request salt of the
+    prefix-cache block hashes)."""
     for path in sorted(tree.under("vllm/entrypoints/openai/")):
         module = tree.parse(path)
         for node in ast.walk(module) if module else ():
-            if isinstance(node, ast.ClassDef) and node.name == "CompletionRequest":
+            if isinstance(node, ast.ClassDef) and node.name == request:
                 for item in node.body:
                     if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
                             and item.target.id == field:

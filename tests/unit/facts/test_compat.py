@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvctl.facts.compat import assess, matrix, matrix_markdown
+from kvctl.facts.compat import assess, matrix, matrix_markdown, salt_markdown
 from kvctl.facts.versions import parse_version
 
 STORE = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}
@@ -79,7 +79,7 @@ def test_matrix_matches_table() -> None:
     assert field["cells"]["0.28.0"] is True and field["cells"]["0.32.0"] is False
     md = matrix_markdown()
     assert md.splitlines()[0].startswith("| capability | 0.9.0 |")
-    assert len(md.splitlines()) == 2 * len(data["rows"]) + 7
+    assert len(md.splitlines()) == 2 * len(data["rows"]) + 7 + 1 + len(salt_markdown())  # and the salt table
     assert "| MooncakeStoreConnector reset clears its store | 0.23.0 |" in md
 
 

@@ -289,10 +289,13 @@ def _prompts(prompts: object) -> list[str] | None:
 
 def _blocking(name: str, function: Callable[..., Awaitable[T]], *args: object, **kwargs: object) -> T:
     """Run an async API function to completion; refused inside a running loop (asyncio.run cannot
-    nest), before its coroutine exists, so nothing is left never awaited."""
+    nest), before its coroutine exists, so nothing is left never awaited. SIGINT, SIGTERM, SIGHUP and
+    SIGQUIT interrupt it as they do the CLI (what it paused is resumed), then act as before the call."""
+    from kvctl.interrupt import run_blocking
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(function(*args, **kwargs))  # type: ignore[arg-type]
+        return run_blocking(function(*args, **kwargs))  # a signal: the fleet resumed first (kvctl.interrupt)
     raise UsageError(f"kvctl.{name}() blocks, and it was called inside a running event loop",
                      f"await kvctl.{name}_async(...) instead")

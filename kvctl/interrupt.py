@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -47,6 +48,51 @@ async def interruptible(operation: Awaitable[T]) -> T:
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+def run_blocking(operation: Awaitable[T]) -> T:
+    """asyncio.run(operation) for a blocking Python API call (kvctl.hard_reset, kvctl.update_weights, ...):
+    for the call's duration, in the main thread only, the terminal signals (each one the caller does not
+    ignore) interrupt it as they interrupt the CLI, so its own clean-up runs (a reset resumes what it
+    paused) and it returns its interrupted receipt. The handlers found are restored after; then the
+    signal is raised again for them, doing what it would have done: the default SIGTERM, SIGHUP or SIGQUIT
+    ends the process, SIGINT raises KeyboardInterrupt (its `.receipt`: the interrupted receipt), a
+    caller's own handler is called. Outside the main thread nothing changes (plain asyncio.run)."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(operation)
+    previous = {sig: signal.getsignal(sig) for sig in TERMINAL_SIGNALS}
+    caught = [sig for sig, handler in previous.items() if handler is not signal.SIG_IGN]
+    got: list[signal.Signals] = []
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(operation)
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not got:
+                task.cancel(_PREFIX + sig.name)
+            got.append(sig)
+
+        for sig in caught:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await task
+        finally:
+            for sig in caught:
+                loop.remove_signal_handler(sig)
+
+    try:
+        result = asyncio.run(main())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if got:
+        try:
+            signal.raise_signal(got[0])  # its handler of before runs now: the default action, or the caller's
+        except KeyboardInterrupt as exc:
+            exc.receipt = result  # type: ignore[attr-defined]
+            raise
+    return result
 
 
 def signal_of(exc: BaseException) -> str | None:

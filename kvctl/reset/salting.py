@@ -304,8 +304,9 @@ def _judge_local(out: ReplicaSalt, prime: Probe, cross: Probe, control: Probe) -
     if prime.error:
         return _unproven(tier, f"the priming request failed: {prime.error}")
     # a cross-salt hit that the counters put in the store alone is the store's leak, not the cache's
+    moved = None
     if (cross.hit or 0) > 0 and (cross.local_hits == 0 and (cross.external_hits or 0) > 0):
-        out.store.cross = cross
+        out.store.cross, moved = cross, cross.hit
         _judge(out.store, cross, None, out.name, "primed here", "read here (counted as external hits)")
         cross = Probe(cross.salt, None if cross.cached_tokens is None else 0.0, 0.0, 0.0)
     if (control.hit or 0) > 0 and control.local_hits == 0 and (control.external_hits or 0) > 0:
@@ -315,6 +316,8 @@ def _judge_local(out: ReplicaSalt, prime: Probe, cross: Probe, control: Probe) -
                       "local prefix cache did not serve it (--enable-prefix-caching off?)")
         return
     _judge(tier, cross, control, out.name, "primed here", "read here")
+    if moved:
+        tier.reason += f"; the other salt's {moved:g} cached token(s) were the store's by the counters (its LEAKS)"
 
 
 def _judge(tier: TierCheck, cross: Probe, control: Probe | None, name: str, primed: str, read: str) -> None:

@@ -106,6 +106,8 @@ EXIT_CODES: dict[tuple[str, str], int] = {
     ("docs/reset.md", "kvctl reset --url http://127.0.0.1:8000 --connector"): 1,
     ("docs/reset.md", "kvctl reset --url 127.0.0.1:8000 --master 127.0.0.1:50051"): 1,
     ("docs/ci.md", "kvctl compat check --url http://127.0.0.1:8000"): 1,  # a 0.22.0 double stands there
+    ("docs/salt-check.md", "kvctl salt check --url 127.0.0.1:8101"): 3,  # doubles with no store: unproven
+    ("docs/salt-check.md", "kvctl compat check --vllm-version 0.32.0 --template lmcache-mooncake"): 1,
 }
 
 # (file, command prefix) -> why the output the text shows is not compared (the exit code still is)

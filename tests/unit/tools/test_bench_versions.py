@@ -78,3 +78,17 @@ def test_section_replaced_in_place(bench: ModuleType, tmp_path: Path) -> None:
     text = doc.read_text()
     assert text.count(bench.BEGIN) == 1 and text.count(bench.END) == 1 and text.startswith("# Performance")
     assert "| salt: salt | defaults | 8 of 8 | 1.0 s | 2 (at 2 s) | 30.0% / 90.0% | 60.0% | 40.0% | 3 |" in text
+
+
+def test_the_real_vllm_check_renders_below_the_store_table(bench: ModuleType) -> None:
+    data = _data(bench)
+    data["real_vllm"] = {"date": "2026-12-03 14:20 UTC", "segment_mb": 16, "cases": [
+        {"name": "salt", "update": "salt", "flags": [], "what": "salted", "prompts": 108, "n_keys": 108,
+         "n1_in_store": 20, "dead_before_read": 100, "live_first_at_s": 6.4, "live_hit_first": 0.0,
+         "dead_after_first": 51, "live_later_at_s": 28.1, "live_hit_later": 0.5, "dead_at_end": 6,
+         "evicted_keys": 318.0, "capacity_blocks": 128, "vllm": "0.32.0", "failed_requests": {"HTTP 500": 2},
+         "replica_errors": ["RuntimeError: load failed"]}]}
+    text = bench.render(data)
+    assert text.index("### The same on real vLLM") < text.index(bench.END)
+    assert "| salt: salted | defaults | 20 of 108 (100) | 6 s, 0.0% (51) | 28 s, 50.0% (6) | 318 | 2 x HTTP 500 |" in text
+    assert "`RuntimeError: load failed`" in text

@@ -20,6 +20,8 @@ Importing kvctl does not import typer, rich, vllm, torch or mooncake.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,6 +54,50 @@ class _OperationFailed(KvctlError):
         self.receipt = receipt
 
 
+class KeywordTypeError(UsageError, TypeError):
+    """A keyword of the Python API given a value of the wrong type (a UsageError, and a TypeError)."""
+
+
+def check_keyword_types(function: Callable[..., Any], values: dict[str, Any]) -> None:
+    """Every bool keyword of `function` takes True or False (None too where its annotation allows it),
+    every number keyword a number, a whole one where it is an int (a bool is neither): dry_run="false"
+    would otherwise be a dry run. From the annotations, so a new keyword is checked as it is declared."""
+    parameters = inspect.signature(function).parameters
+    for name, value in values.items():
+        parameter = parameters.get(name)
+        if parameter is None or not isinstance(parameter.annotation, str):
+            continue
+        kinds = {k.strip() for k in parameter.annotation.split("|")}
+        optional = "None" in kinds
+        kinds.discard("None")
+        if value is None and optional or not kinds or not kinds <= {"bool", "int", "float"}:
+            continue
+        example = parameter.default if parameter.default is not inspect.Parameter.empty else None
+        got = f"got {type(value).__name__} {value!r}"
+        if kinds == {"bool"}:
+            if not isinstance(value, bool):
+                raise KeywordTypeError(f"{name} must be True{', False or None' if optional else ' or False'}, {got}",
+                                       f"e.g. {name}={example!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or "float" not in kinds \
+                and not isinstance(value, int):
+            what = "a number" if "float" in kinds else "a whole number"
+            raise KeywordTypeError(f"{name} must be {what}{' or None' if optional else ''}, {got}",
+                                   f"e.g. {name}={example!r}")
+
+
+def typed_keywords(function: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """check_keyword_types on every call of an async API function, before it runs."""
+    @functools.wraps(function)
+    async def checked(*args: Any, **kwargs: Any) -> T:
+        try:
+            values = inspect.signature(function).bind_partial(*args, **kwargs).arguments
+        except TypeError:  # an unknown keyword: the function itself says so
+            values = {}
+        check_keyword_types(function, values)
+        return await function(*args, **kwargs)
+    return checked
+
+
 class ResetFailed(_OperationFailed):
     """The hard reset did not complete (or was not verified) on every replica. `.receipt` says why."""
 
@@ -59,6 +105,7 @@ class ResetFailed(_OperationFailed):
         super().__init__(receipt, lambda r: not r.reset)
 
 
+@typed_keywords
 async def hard_reset_async(
     urls: list[str] | None = None,
     *,
@@ -125,6 +172,7 @@ def hard_reset(urls: list[str] | None = None, **kwargs: object) -> Receipt:
     return _blocking("hard_reset", hard_reset_async, urls, **kwargs)
 
 
+@typed_keywords
 async def probe_async(urls: list[str] | None = None, *, prompts: list[str] | None = None,
                       inventory: str | Path | None = None, run: str | None = None,
                       state_dir: str | Path | None = None, ray: str | None = None, max_tokens: int = 4,
@@ -151,6 +199,7 @@ def probe(urls: list[str] | None = None, **kwargs: object) -> ProbeReport:
     return _blocking("probe", probe_async, urls, **kwargs)
 
 
+@typed_keywords
 async def check_salt_isolation_async(urls: list[str] | None = None, *, salts: list[str] | None = None,
                                      versions: list[str] | None = None, salt_format: str = "{version}",
                                      inventory: str | Path | None = None, run: str | None = None,
@@ -187,6 +236,7 @@ class WeightsUpdateFailed(_OperationFailed):
         super().__init__(receipt, lambda r: not r.updated)
 
 
+@typed_keywords
 async def update_weights_async(
     from_path: str | Path,
     version: str | None = None,

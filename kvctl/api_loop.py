@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvctl.api import ResetFailed, _address, _blocking, _urls
+from kvctl.api import ResetFailed, _address, _blocking, _urls, check_keyword_types, typed_keywords
 from kvctl.api_words import python_errors, receipt_for_python
 from kvctl.errors import UsageError
 from kvctl.reset.evidence import Evidence
@@ -45,6 +45,7 @@ def _fleet(urls: object, inventory: str | Path | None, master: object = None, ma
                        ray=ray, masters_from_env=masters_from_env)
 
 
+@typed_keywords
 async def take_evidence_async(urls: list[str] | None = None, *, inventory: str | Path | None = None,
                               run: str | None = None, state_dir: str | Path | None = None, ray: str | None = None,
                               timeout: float = 10.0, concurrency: int = 256) -> Evidence:
@@ -62,6 +63,7 @@ def take_evidence(urls: list[str] | None = None, **kwargs: object) -> Evidence:
     return _blocking("take_evidence", take_evidence_async, urls, **kwargs)
 
 
+@typed_keywords
 async def check_evidence_async(evidence: Evidence | dict, urls: list[str] | None = None, *,
                                inventory: str | Path | None = None, master: str | None = None,
                                master_rpc: str | None = None, run: str | None = None,
@@ -116,6 +118,10 @@ async def update_window_async(urls: list[str] | None = None, *, inventory: str |
     If the plan or the pause fails, the body never runs: ResetFailed (the trainer must not update a
     serving fleet). If the body raises, the caches are still cleared, the fleet stays paused (it may
     hold half-updated weights) unless resume_failed, and the body's exception propagates."""
+    check_keyword_types(update_window_async.__wrapped__, {  # type: ignore[attr-defined]
+        "verify": verify, "timeout": timeout, "retries": retries, "pause_timeout": pause_timeout,
+        "whole_master": whole_master, "clear_timeout": clear_timeout, "resume_failed": resume_failed,
+        "raise_on_failure": raise_on_failure})
     with python_errors():
         options = ResetOptions(connector=True, verify=verify, pause=True, pause_mode=pause_mode, timeout=timeout,
                                retries=retries, pause_timeout=pause_timeout, whole_master=whole_master,

@@ -90,6 +90,9 @@ class Artifact:
     # What kvctl could not read of the config as a whole ("it uses $P_CONFIG, set on line 2 by a
     # command substitution ..."): no verdict rests on the keys it lacks.
     unread: str = ""
+    # The option a launch line gives the config to when it is not --kv-transfer-config
+    # (`--kv-connector-config`): serve_flags says the config never reaches vLLM through it.
+    carrier: str = ""
 
 
 @dataclass(frozen=True)

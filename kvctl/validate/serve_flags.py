@@ -56,7 +56,13 @@ def check_serve_args(artifact: Artifact, v: Version) -> list[Problem]:
         verdict, matches = resolve(option, accepted)
         where = locate(flag, SourceLines(getattr(artifact.lines, "file", ""), {flag: line}))
         if verdict == "unknown":
-            problems.append(Problem(where, *_unknown(flag, option, v, accepted), ERROR))
+            message, fix = _unknown(flag, option, v, accepted)
+            if artifact.carrier and option_of(artifact.carrier) == option:
+                message += ("; the config the script gives it never reaches vLLM, however right the JSON "
+                            "(vLLM takes a kv_transfer_config only as --kv-transfer-config)")
+                fix = f"pass the JSON as --kv-transfer-config '<json>' instead of {flag}" + (
+                    " (its keys go inside kv_connector_extra_config)" if "extra" in flag else "")
+            problems.append(Problem(where, message, fix, ERROR))
         elif verdict == "ambiguous":
             shown = ", ".join(matches[:4]) + (", ..." if len(matches) > 4 else "")
             problems.append(Problem(

@@ -20,11 +20,12 @@ from kvctl.facts.bundle_layout import VERL_PATH
 from kvctl.validate.model import ERROR, WARNING, Artifact, Problem, SourceLines
 from kvctl.validate.readers.documents import text_lines
 from kvctl.validate.readers.flag_value import VARIABLE as _VARIABLE
+from kvctl.validate.readers import carrier
 from kvctl.validate.readers.flag_value import parse_value, scalar
 from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_words, located
 from kvctl.validate.readers.serve_args import launch_options
-from kvctl.validate.readers.shell_env import Exports, with_env_lines
+from kvctl.validate.readers.shell_env import Exports, exporting, with_env_lines
 from kvctl.validate.readers.shell_expand import substitution
 from kvctl.validate.readers.shell_state import ASSIGN as _ASSIGN, HYDRA as _HYDRA, Command, Shell as _Shell, assignments
 from kvctl.validate.readers.shell_words import MAX_SKIPPED, Skipped, Token, split_commands
@@ -141,9 +142,9 @@ class _Reader:
                 continue
             line = token.line + value[:len(value) - len(stripped)].count("\n")
             artifact = config_in_text(stripped, self.file, line)
-            if artifact is not None:
-                self.held.append(replace(artifact, origin=f"variable {name} (line {token.line})",
-                                         env=dict(shell.exported)))
+            if artifact is not None:  # exported, the name itself is in the servers' environment
+                env = {**shell.exported, **({name: value} if exporting(tokens) else {})}
+                self.held.append(replace(artifact, origin=f"variable {name} (line {token.line})", env=env))
 
     def _nested(self, tokens: list[Token], shell: _Shell, depth: int) -> None:
         """Words that hold a whole launch line (`ARGS="... --kv-transfer-config '{...}'"`, an
@@ -261,6 +262,8 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
             pending.adds = pending.adds or token.text.startswith("+")
             _take(pending, hydra["dotted"], hydra["value"], token.line, file, problems, False, expand, unknown)
     found = [] if pending.lines is None else [_artifact(pending, command)]
+    if not found:  # JSON handed to vLLM through another flag: read, so the flag is judged
+        found = _carried(command, file, expand)
     verl = verl_in_words([(t.text, t.line) for t in tokens], file)  # verl's own rules, judged apart
     offload = in_words([(t.text, t.line) for t in tokens], file, problems, expand)  # --kv-offloading-size
     found += [located(offload, file, "", f"{command.program} (line {min(v[1] for v in offload.values())})",
@@ -269,6 +272,21 @@ def configs_in_command(command: Command, file: str, problems: list[Problem],
     options = launch_options([(t.text, t.line) for t in tokens]) if found else ()
     found = [replace(found[0], options=options), *found[1:]] if options else found
     return found + ([verl] if verl is not None else [])
+
+
+def _carried(command: Command, file: str, expand: Callable[[str], str]) -> list[Artifact]:
+    """The config a launch line gives to a flag other than --kv-transfer-config (readers/carrier.py)."""
+    carried = carrier.carried([(t.text, t.line) for t in command.tokens], expand)
+    if carried is None:
+        return []
+    origin = f"{command.program} (line {carried.line}), given to {carried.flag}"
+    if carrier.is_transfer_config(carried.config):
+        lines = text_lines(carried.value, "kv_transfer_config", file, carried.line)
+        return [Artifact("kv_transfer_config", carried.config, "kv_transfer_config", lines, origin=origin,
+                         env=command.env, carrier=carried.flag)]
+    return [Artifact("kv_transfer_config", {}, "kv_transfer_config",
+                     SourceLines(file, {"kv_transfer_config": carried.line}), origin=origin, env=command.env,
+                     carrier=carried.flag, unread=f"the value of {carried.flag} is no kv_transfer_config")]
 
 
 def _artifact(pending: _Pending, command: Command) -> Artifact:

@@ -22,6 +22,7 @@ from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, describe
 from kvctl.validate.readers.documents import loads, node_lines, parse_documents, text_lines
 from kvctl.validate.readers.merge import merge_held
 from kvctl.validate.readers.offload_args import FLAG as OFFLOAD_FLAG, MARKERS as OFFLOAD_MARKERS, in_mapping, located
+from kvctl.validate.readers.carrier import is_carrier_flag
 from kvctl.validate.readers.serve_args import runs_vllm
 from kvctl.validate.readers.shell import (
     Command,
@@ -158,7 +159,8 @@ def _visit(path: str, value: Any, node: yaml.Node | None, lines: SourceLines, fo
             _visit(join(path, child_key), child, children.get(str(child_key)), lines, found, inner)
         _offloading(path, value, lines, found, container)
     elif isinstance(value, list):
-        if any(isinstance(v, str) and (v.startswith(_LAUNCH_MARKERS[:2]) or OFFLOAD_FLAG.match(v)) for v in value):
+        if any(isinstance(v, str) and (v.startswith(_LAUNCH_MARKERS[:2]) or OFFLOAD_FLAG.match(v)
+                                       or is_carrier_flag(v)) for v in value):
             _argv(path, value, node, lines, found, container)  # a container's args: already split words
             return
         items = node.value if isinstance(node, yaml.SequenceNode) else []
@@ -292,9 +294,10 @@ def _argv(path: str, items: list[Any], node: yaml.Node | None, lines: SourceLine
     for artifact in artifacts:
         offload = artifact.kind == "kv_offloading"
         flag = next((i for i, item in enumerate(items) if isinstance(item, str)
-                     and (OFFLOAD_FLAG.match(item) if offload else is_config_flag(item))), 0)
+                     and (OFFLOAD_FLAG.match(item) if offload else item.partition("=")[0] == artifact.carrier
+                          if artifact.carrier else is_config_flag(item))), 0)
         named = OFFLOAD_FLAG.match(str(items[flag])) if offload else None
-        label = f"--kv-offloading-{named['what']}" if named else "--kv-transfer-config"
+        label = f"--kv-offloading-{named['what']}" if named else artifact.carrier or "--kv-transfer-config"
         found.artifacts.append(replace(artifact, origin=f"{label} at "
                                                         f"{container.item(f'{path}[{flag}]')} "
                                                         f"(line {artifact.lines.get(artifact.where)})"))

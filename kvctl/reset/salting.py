@@ -44,6 +44,7 @@ from kvctl.transport.vllm_metrics import CacheCounters
 Verdict = Literal["isolated", "LEAKS", "unproven"]
 EXIT_UNPROVEN = 3
 PROMPT_BLOCKS = 4  # KV blocks per probe prompt, where max_model_len leaves room
+NO_CONNECTOR = "no KV connector"
 FIX_CACHED = "start vLLM with --enable-prompt-tokens-details: a per-request count no other traffic moves"
 FIX_STORE = ("check that the replicas share one store (the same master, cache_prefix and PYTHONHASHSEED), "
              "or give the connector's asynchronous put more time (--settle S)")
@@ -194,19 +195,20 @@ async def check_salt_isolation(fleet: Fleet, options: SaltOptions | None = None,
                 return await _local_and_prime(c, r, options)
 
         lives = list(await asyncio.gather(*(first(r) for r in fleet.replicas)))
-        ready = [x for x in lives if x.out.error is None]
-        if len(ready) > 1:
+        # the ring: replicas that take requests and may have a store (a connector, or one not known)
+        ring = [x for x in lives if x.out.error is None and NO_CONNECTOR not in x.out.store.reason]
+        if len(ring) > 1:
             await asyncio.sleep(options.settle)
 
         async def second(reader: _Live, primer: _Live) -> None:
             async with sem, client(reader.replica) as c:
                 await _read_store(c, reader, primer, options)
 
-        await asyncio.gather(*(second(x, ready[i - 1]) for i, x in enumerate(ready) if len(ready) > 1))
-        for x in lives:
-            if x.out.error is None and len(ready) == 1 and not x.out.store.reason:
-                _unproven(x.out.store, "one replica: a store hit cannot be told apart from a local one without "
-                          "evicting the local cache (no reset is made)", "check a fleet of two or more replicas")
+        await asyncio.gather(*(second(x, ring[i - 1]) for i, x in enumerate(ring) if len(ring) > 1))
+        for x in ring:
+            if len(ring) == 1 and not x.out.store.reason:
+                _unproven(x.out.store, "one replica with a store: a store hit cannot be told apart from a local one "
+                          "without evicting the local cache (no reset is made)", "check a fleet of two or more replicas")
     return SaltReport(options.salts, [x.out for x in lives], options.settle, round(time.perf_counter() - started, 3))
 
 
@@ -245,7 +247,7 @@ async def _local_and_prime(client: VllmClient, replica: Replica, options: SaltOp
     control = await _probe(client, live, prompt, s1)
     _judge_local(out, prime, cross, control)
     if out.connector is None and "no KV connector" in " ".join(out.notes):
-        _unproven(out.store, "no KV connector on this replica: it has no external tier to isolate")
+        _unproven(out.store, f"{NO_CONNECTOR} on this replica: it has no external tier to isolate")
     primed = await _probe(client, live, store_prompt, s1)
     if primed.error:
         live.prime_error = primed.error

@@ -91,7 +91,7 @@ def test_one_replica_leaves_the_store_unproven() -> None:
     fleet, _ = _fleet(1)
     with fleet:
         report = kvctl.check_salt_isolation(urls=fleet.urls, salts=SALTS, settle=0)
-    assert _tiers(report) == [("isolated", "unproven")] and "one replica" in report.replicas[0].store.reason
+    assert _tiers(report) == [("isolated", "unproven")] and "one replica with a store" in report.replicas[0].store.reason
 
 
 def test_without_per_request_counts_the_counters_decide_and_say_so() -> None:
@@ -153,3 +153,15 @@ class _Forgetful(set):  # type: ignore[type-arg]
 
     def update(self, *_: object) -> None:
         pass
+
+
+def test_the_store_ring_leaves_out_a_replica_without_a_connector() -> None:
+    """Three replicas, the middle one without a connector: the other two read each other's store prompts."""
+    store = SharedStore()
+    doubles = [VllmDouble(store=store, cache_salt=True), VllmDouble(connector=None, cache_salt=True),
+               VllmDouble(store=store, cache_salt=True)]
+    with DoubleFleet(replicas=doubles) as fleet:
+        report = kvctl.check_salt_isolation(urls=fleet.urls, salts=SALTS, settle=0)
+    assert _tiers(report) == [("isolated", "isolated"), ("isolated", "unproven"), ("isolated", "isolated")]
+    a, _, c = report.replicas
+    assert (a.store.primed_on, c.store.primed_on) == (c.name, a.name)

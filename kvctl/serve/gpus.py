@@ -102,6 +102,7 @@ class Holdings:
     devices: dict[str, str] = field(default_factory=dict)
     pids: dict[int, str] = field(default_factory=dict)
     runs: dict[str, str] = field(default_factory=dict)  # who -> the run's name (for the fix: kvctl stop NAME)
+    cpus: set[int] = field(default_factory=set)  # cores CPU replicas are bound to (pinned only once they run)
 
 
 def visible_entries(value: str | None) -> list[str] | None:
@@ -289,6 +290,7 @@ def held_by_runs(state_dir: str | Path | None = None, exclude: str | None = None
     """The GPUs and replica processes of live kvctl runs on this machine (not Ray runs: Ray hands out
     their GPUs; their processes here show in compute_apps)."""
     from kvctl.serve import runs
+    from kvctl.serve.cpu_binding import parse_ids
     from kvctl.serve.procs import is_ours
 
     held = Holdings()
@@ -303,6 +305,7 @@ def held_by_runs(state_dir: str | Path | None = None, exclude: str | None = None
             held.runs[who] = record.name
             for entry in visible_entries(rep.gpu) or []:
                 held.devices[entry] = who
+            held.cpus |= parse_ids(rep.cpus or "")
     return held
 
 

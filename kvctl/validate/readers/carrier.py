@@ -15,8 +15,10 @@ from typing import Any
 from kvctl.validate.model import placeholder
 from kvctl.validate.readers.flag_value import parse_value
 
-# --<anything with kv ... config>[=value], dashes or underscores; vLLM's own JSON flags excluded
-_CARRIER = re.compile(r"^--(?P<name>[\w-]*kv[\w-]*config[\w-]*)(?:=(?P<value>.*))?$", re.S | re.I)
+# --<anything with kv ... config>[=value], or a kv_transfer_config field written as an option
+# (--kv-connector X --kv-role kv_both), dashes or underscores; vLLM's own JSON flags excluded
+_CARRIER = re.compile(r"^--(?P<name>[\w-]*kv[\w-]*config[\w-]*|kv[-_](?:connector|role|buffer|rank|parallel|ip|port|load)"
+                      r"[\w-]*)(?:=(?P<value>.*))?$", re.S | re.I)
 _VLLMS_OWN = frozenset({"kv-transfer-config", "kv-events-config"})
 
 
@@ -45,7 +47,7 @@ def carried(words: Sequence[tuple[str, int]], expand: Callable[[str], str]) -> C
         parsed = parse_value(value, json_only=True)
         if isinstance(parsed, dict):
             return Carried(word.partition("=")[0], line, value, parsed)
-        if placeholder(value):
+        if placeholder(value) or "config" not in match["name"].lower():  # --kv-role kv_both: one field
             return Carried(word.partition("=")[0], line, value, None)
     return None
 

@@ -70,3 +70,15 @@ vllm serve m
     report = validate_path(path, "0.32.0")
     assert [p.where.split()[-1] for p in report.errors] == ["env.VLLM_KV_TRANSFER_CONFIG"]
     assert report.errors[0].dropped and "does not read VLLM_KV_TRANSFER_CONFIG" in report.errors[0].message
+
+
+def test_kv_transfer_config_fields_written_as_options(tmp_path: Path) -> None:
+    """`--kv-connector X --kv-role kv_both` (seen in published launch docs): vLLM's parser has no such
+    options (serve-flag facts, every release); each is said as a field that belongs in the JSON."""
+    path = write(tmp_path, "run.sh", "python -m vllm.entrypoints.openai.api_server --model m \\\n"
+                 "  --kv-connector OffloadingConnector --kv-role kv_both \\\n"
+                 "  --kv-connector-extra-config '{\"cpu_bytes_to_use\": 8000000000}'\n")
+    report = validate_path(path, "0.32.0")
+    assert sorted(p.where.split()[1] for p in report.errors) == [
+        "--kv-connector", "--kv-connector-extra-config", "--kv-role"]
+    assert all("field of kv_transfer_config" in p.message and "--kv-transfer-config" in p.fix for p in report.errors)

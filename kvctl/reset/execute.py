@@ -100,7 +100,8 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
     live = [r for r in plan.replicas if r.error is None]
     master = MasterReceipt(plan.master, cache_prefix=plan.cache_prefix, rpc_address=plan.master_rpc,
                            planned_address=plan.master, tenancy=plan.tenancy,
-                           key_pattern=master_clear.deployment_pattern(plan)) if plan.master else None
+                           key_pattern=master_clear.deployment_pattern(plan),
+                           scope="whole" if plan.master_wide else None) if plan.master else None
     sem = asyncio.Semaphore(max_concurrency(len(fleet.replicas), opts.concurrency))
     canaries: dict[str, verify.Canary] = {}
 

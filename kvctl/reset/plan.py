@@ -23,6 +23,7 @@ from kvctl.reset.options import ResetOptions
 from kvctl.reset.pausing import pause_notes
 from kvctl.reset.scope import plan_scope
 from kvctl.reset.tenancy import plan_tenancy
+from kvctl.reset.wide import check_master_wide
 from kvctl.reset.window import read_window
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool, max_concurrency, shared_pool
@@ -97,6 +98,8 @@ class Plan:
     # A scoped clear keeps the other deployments' keys, but the fleet's own vLLM wipes them on every sleep,
     # default pause or connector reset (kvctl.facts.shared_master): what the plan says about it, or None
     shared_master: str | None = None
+    # How the reset clears the WHOLE master without --whole-master, where kvctl.reset.wide found it this fleet's alone
+    master_wide: str | None = None
     # The Mooncake tenant the fleet's mooncake.json names (declared: inventory or run), where it was declared,
     # and whether the master keeps tenants apart ("off" | "on" | "unknown"; None: not asked): kvctl.reset.tenancy
     tenant_id: str | None = None
@@ -129,6 +132,8 @@ async def plan_reset(fleet: Fleet, options: ResetOptions, http: HttpPool | None 
         if plan.error is None and not wrong and plan.master and uses_master(plan) \
                 and not (choice is not None and choice.error):
             await plan_tenancy(plan, shared)  # the keys kvctl counts must be where this fleet's live
+        if not wrong and not (choice is not None and choice.error):
+            await check_master_wide(plan, fleet, shared)  # never wipe other deployments' keys unasked
     if wrong:
         plan.error, plan.hint = wrong
     if choice is not None and choice.error and uses_master(plan):  # the first thing to fix: said first

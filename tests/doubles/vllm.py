@@ -17,7 +17,7 @@ Cache model (kept deliberately close to vLLM's prefix caching)
 * Leading blocks found in ``local_blocks`` are local hits; the blocks right after them found in
   the :class:`SharedStore` (only with a store-backed connector whose ``kv_role`` loads) are
   external hits. Then every full block is kept locally and, with a store-backed connector whose
-  ``kv_role`` saves, written to the store under ``cache_prefix + "@" + block_hash`` (or the bare hash).
+  ``kv_role`` saves, written to the store under vLLM's key shape (``[cache_prefix@]model@tp_rank:0@...@hash``).
 * Counters follow vLLM's scheduler: ``prefix_cache_queries += n``, ``prefix_cache_hits +=
   local hit tokens``; with a connector configured ``external_prefix_cache_queries += n - local
   hit tokens`` (skipped when 0) and ``external_prefix_cache_hits += external hit tokens``;
@@ -426,10 +426,13 @@ class VllmDouble(WeightsModel, DoubleServer):
         return hashes
 
     def store_key(self, block_hash: str) -> str:
-        # vLLM's MooncakeStoreConnector (store/data.py): f"{cache_prefix}@" before the hash, from
-        # 0.24.0; older releases do not read cache_prefix at all
+        # vLLM's MooncakeStoreConnector (PoolKey.to_string, store/data.py): f"{cache_prefix}@" first from
+        # 0.24.0 (older releases do not read cache_prefix at all), then the model's basename and the ranks
+        # (@group: from 0.22.0), then the block hash: kvctl matches a deployment's keys by this shape
         scoped = self.cache_prefix and self.v >= V_CACHE_PREFIX_READ
-        return f"{self.cache_prefix}@{block_hash}" if scoped else block_hash
+        model = self.model.rstrip("/").split("/")[-1]
+        group = "@group:0" if self.v >= (0, 22, 0) else ""
+        return f"{self.cache_prefix + '@' if scoped else ''}{model}@tp_rank:0@pcp0@dcp0@pp_rank:0{group}@{block_hash}"
 
     def prompt_keys(self, prompt: str | list[int]) -> list[str]:
         """The store keys this replica would write for ``prompt`` (for seeding/asserting)."""

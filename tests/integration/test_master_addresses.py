@@ -81,7 +81,7 @@ def test_an_admin_port_given_only_as_master_rpc_is_used_as_the_master(empty_mast
     admin = empty_master.admin_address
     with DoubleFleet() as fleet:
         url = fleet.add(VllmDouble("0.22.0"))
-        result = cli("reset", "--url", url, "--master-rpc", admin, "--connector", "--json")
+        result = cli("reset", "--url", url, "--master-rpc", admin, "--connector", "--whole-master", "--json")
     data = json.loads(result.stdout)
     assert result.exit_code == 0, result.stdout
     assert data["plan"]["master"] == admin and data["master"]["keys_after"] == 0

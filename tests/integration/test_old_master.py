@@ -26,7 +26,7 @@ def test_old_master_is_cleared_through_the_store_client(empty_master: MasterProc
         old = fleet.add_master(OldMasterFront(empty_master.admin_address))
         urls = [fleet.add(VllmDouble("0.22.0"))]
         result = cli("reset", "--url", urls[0], "--master", old, "--master-rpc", empty_master.rpc_address,
-                     "--connector", "--verify", "--json")
+                     "--connector", "--whole-master", "--verify", "--json")
     data = json.loads(result.stdout)
     assert result.exit_code == 0, result.stdout + result.stderr
     m = data["master"]
@@ -41,7 +41,7 @@ def test_old_master_without_its_rpc_port_names_the_version_needed(empty_master: 
     with DoubleFleet() as fleet:
         old = fleet.add_master(OldMasterFront(empty_master.admin_address))
         urls = [fleet.add(VllmDouble("0.22.0"))]
-        result = cli("reset", "--url", urls[0], "--master", old, "--connector", "--json")
+        result = cli("reset", "--url", urls[0], "--master", old, "--connector", "--whole-master", "--json")
     data = json.loads(result.stdout)
     assert result.exit_code == 1
     assert "Mooncake < 0.3.12.post1" in data["master"]["error"] and "--master-rpc" in data["master"]["error"]

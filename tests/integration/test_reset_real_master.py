@@ -33,7 +33,7 @@ def test_reset_forces_the_clear_of_leased_keys(empty_master: MasterProcess, writ
     writer.get(keys[0])  # a read lease: a non-forced remove_all would leave this key
     before = admin_call(address, "metrics").remove_all_requests_total
     result = cli("reset", *[a for u in replicas for a in ("--url", u)], "--master", address,
-                 "--connector", "--json")
+                 "--connector", "--whole-master", "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)
     assert data["master"]["clear"]["result"] == "ok"
@@ -164,7 +164,7 @@ def test_unreachable_master_fails_the_reset_clearly(replicas: list[str], cli) ->
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     result = cli("reset", *[a for u in replicas for a in ("--url", u)], "--master", f"127.0.0.1:{port}",
-                 "--connector", "--json")
+                 "--connector", "--whole-master", "--json")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert data["master"]["clear"]["result"] == "failed"

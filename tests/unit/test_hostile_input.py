@@ -339,7 +339,7 @@ def test_a_stuck_pause_does_not_keep_the_fleet_paused(tmp_path: Path) -> None:
     with DoubleFleet() as fleet:
         a, b = fleet.add(healthy), fleet.add(stuck)
         began = time.monotonic()
-        receipt = kvctl.hard_reset(urls=[a, b], connector=True, pause_timeout=1, timeout=1)
+        receipt = kvctl.hard_reset(urls=[a, b], connector=True, pause_timeout=1, timeout=1, whole_master=True)
         took = time.monotonic() - began
         paused_at = healthy.calls_to("/pause")[0]
         resumed_at = healthy.calls_to("/resume")[0]
@@ -364,7 +364,7 @@ def test_a_pause_that_lands_late_is_undone(tmp_path: Path) -> None:
     late = VllmDouble("0.32.0", faults=Faults(delay={"/pause": 1.6}))
     with DoubleFleet() as fleet:
         url = fleet.add(late)
-        receipt = kvctl.hard_reset(urls=[url], connector=True, pause_timeout=1, timeout=1)
+        receipt = kvctl.hard_reset(urls=[url], connector=True, pause_timeout=1, timeout=1, whole_master=True)
         import time
         time.sleep(1.0)  # any pause still in flight would land by now
         assert late.paused is False
@@ -380,7 +380,7 @@ def test_a_replica_its_owner_paused_stays_paused() -> None:
     owned.paused = True  # paused by whoever runs it, before the reset
     with DoubleFleet() as fleet:
         url = fleet.add(owned)
-        receipt = kvctl.hard_reset(urls=[url], connector=True)
+        receipt = kvctl.hard_reset(urls=[url], connector=True, whole_master=True)
         assert owned.paused is True
         assert owned.calls_to("/resume") == [] and owned.calls_to("/pause") == []
     pause = next(o for o in receipt.replicas[0].ops if o.op == "pause")
@@ -614,7 +614,7 @@ def test_any_signal_mid_reset_resumes_the_fleet_and_the_receipt_says_so(name: st
     with DoubleFleet() as fleet:
         url = fleet.add(replica)
         proc = subprocess.Popen([sys.executable, "-m", "kvctl", "reset", "--url", url, "--connector", "--pause",
-                                 "--json", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 "--whole-master", "--json", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
             while not (replica.paused and replica.calls_to("/reset_prefix_cache")) and time.monotonic() < deadline:
@@ -779,20 +779,21 @@ def test_two_resets_of_one_replica_at_once_are_refused(tmp_path: Path) -> None:
     replica = VllmDouble("0.32.0", faults=Faults(delay={"/reset_prefix_cache": 3}))
     with DoubleFleet() as fleet:
         url = fleet.add(replica)
-        first = subprocess.Popen([sys.executable, "-m", "kvctl", "reset", "--url", url, "--connector", "--pause"],
+        first = subprocess.Popen([sys.executable, "-m", "kvctl", "reset", "--url", url, "--connector", "--pause",
+                                  "--whole-master"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 60
             while not replica.calls_to("/reset_prefix_cache") and time.monotonic() < deadline:
                 time.sleep(0.05)
             calls = len(replica.calls)
-            second = kvctl.hard_reset(urls=[url], connector=True)
+            second = kvctl.hard_reset(urls=[url], connector=True, whole_master=True)
             assert second.exit_code == 1 and "being reset by another kvctl" in second.summary
             assert not [c for c in replica.calls[calls:] if c.method == "POST"]  # nothing sent by the second
         finally:
             assert first.wait(timeout=60) == 0
         assert not replica.paused
-        assert kvctl.hard_reset(urls=[url], connector=True).exit_code == 0
+        assert kvctl.hard_reset(urls=[url], connector=True, whole_master=True).exit_code == 0
 
 
 def test_a_clear_that_says_it_removed_nothing_is_judged_by_counting_and_said(cli) -> None:
@@ -817,7 +818,8 @@ def test_a_clear_that_says_it_removed_nothing_is_judged_by_counting_and_said(cli
     with DoubleFleet() as fleet:
         url = fleet.add(VllmDouble("0.22.0", store=store))  # vLLM 0.22 clears nothing: kvctl clears the master
         master = fleet.add_master(RemovesNothing(store))
-        result = cli("reset", "--url", url, "--master", master, "--connector", "--clear-timeout", "1", "--json")
+        result = cli("reset", "--url", url, "--master", master, "--connector", "--whole-master", "--clear-timeout", "1",
+                     "--json")
     data = json.loads(result.stdout)
     assert result.exit_code != 0 and len(store) == 2
     assert any("reported 0 keys removed although 2 were there" in n for n in data["master"]["notes"])

@@ -12,7 +12,7 @@ from tests.doubles import DoubleFleet, MasterDouble, SharedStore, VllmDouble
 
 def test_status_and_reset_read_kvctl_master(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     with DoubleFleet() as fleet:
-        store = SharedStore(["k1", "k2"])
+        store = SharedStore([f"double-model@tp_rank:0@pcp0@dcp0@pp_rank:0@{i:032x}" for i in range(2)])  # its own
         url = fleet.add(VllmDouble("0.22.0", store=store))
         monkeypatch.setenv("KVCTL_MASTER", fleet.add_master(MasterDouble(store)))
         status = cli("status", "--url", url, "--json")

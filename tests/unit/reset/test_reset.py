@@ -368,7 +368,7 @@ def test_proxy_variables_are_not_used(doubles: DoubleFleet, monkeypatch: pytest.
         monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there: a proxied call would fail
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    store = SharedStore(["old"])
+    store = SharedStore(["double-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@01d"])  # its own (unprefixed)
     replica = VllmDouble("0.22.0", store=store)
     url = doubles.add(replica)
     master = doubles.add_master(MasterDouble(store))
@@ -380,7 +380,7 @@ def test_proxy_variables_are_not_used(doubles: DoubleFleet, monkeypatch: pytest.
 def test_pause_waits_longer_than_the_per_call_timeout(doubles: DoubleFleet) -> None:
     """/pause?mode=wait answers when in-flight requests are done: it gets PAUSE_TIMEOUT, not --timeout."""
     replica = VllmDouble("0.23.0", faults=Faults(delay={"/pause": 1.5}))
-    receipt = reset([doubles.add(replica)], connector=True, timeout=0.5, retries=0)
+    receipt = reset([doubles.add(replica)], connector=True, timeout=0.5, retries=0, whole_master=True)
     assert receipt.exit_code == 0, receipt.summary
     pause = next(op for op in receipt.replicas[0].ops if op.op == "pause")
     assert pause.result == "ok" and pause.attempts == 1 and pause.latency_s >= 1.5

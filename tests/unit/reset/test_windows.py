@@ -148,7 +148,7 @@ def test_live_writes_during_the_clear_are_no_false_failure_and_the_canary_judges
     def writer() -> None:  # live traffic of the new weights, writing keys all through the reset
         i = 0
         while not stop.is_set():
-            store.add(f"live-{i}")
+            store.add(f"double-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{i:x}")  # its own keys (unprefixed)
             i += 1
             time.sleep(0.001)
 

@@ -119,7 +119,7 @@ def test_the_human_output_names_versions_checksums_and_the_paused_window(cli, do
 
 def test_dry_run_plans_and_changes_nothing(cli, doubles, tmp_path: Path) -> None:
     replicas, urls, master, store = fleet_of(doubles, "0.32.0", "0.28.0")
-    store.add("k1")
+    store.add("double-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@0a1")  # its own key (an unprefixed fleet)
     code, receipt = update(cli, urls, master, "--from", str(checkpoint(tmp_path / "c")), "--version", "v3",
                            "--dry-run")
     assert code == EXIT_OK and receipt["dry_run"] is True and "nothing was sent" in receipt["summary"]

@@ -48,6 +48,10 @@ class OffloadArgs:
     kv_role: str | None  # the kv_role it writes whatever the backend
     backends: dict[str, Backend]
     source: str  # where _post_init_kv_transfer_config is
+    # num_kv_ranks as vLLM computes it ("self.parallel_config.tensor_parallel_size *
+    # self.parallel_config.pipeline_parallel_size"): the written sizes are divided by it
+    ranks: str | None = None
+    ranks_source: str = ""
 
     def default_backend(self) -> str | None:
         """The backend a release uses when none is given ('native' from 0.14.0)."""
@@ -87,12 +91,13 @@ def offload_args(version: str | Version) -> OffloadArgs | None:
     if not fields:
         return None
     post = _section().get("post_init", {})
-    span, gate, requires, role = (_row(post, a, v) for a in ("spans", "gate", "requires", "kv_role"))
+    span, gate, requires, role, ranks = (_row(post, a, v) for a in ("spans", "gate", "requires", "kv_role", "ranks"))
     backends = {name: _backend(name, row) for name, entry in post.get("params", {}).items()
                 if (row := _row(entry, "values", v)) is not None}
     return OffloadArgs(fields, gate["value"] if gate else None, _where(gate) if gate else "",
                        requires["value"] if requires else None, requires["message"] if requires else None,
-                       role["value"] if role else None, backends, _where(span) if span else "")
+                       role["value"] if role else None, backends, _where(span) if span else "",
+                       ranks["value"] if ranks else None, _where(ranks) if ranks else "")
 
 
 def offload_args_since() -> str | None:

@@ -77,12 +77,17 @@ def check_unread_mooncake_config(env: Mapping[str, str], names: tuple[str, ...],
     from kvctl.validate.mooncake_file import reader_of
 
     value = env.get("MOONCAKE_CONFIG_PATH")
-    if not value or not names or "$" in value or any(n.startswith("LMCache") for n in names):
+    if not value or not names or "$" in value:
+        return
+    if any(n.startswith("LMCache") for n in names) and _lmcache_may_read(env):
         return  # LMCache's Mooncake backend reads MOONCAKE_CONFIG_PATH itself
-    if reader_of(v, names).kind != "none":
+    reader = reader_of(v, names).kind
+    if reader != "none" and (reader != "lmcache" or _lmcache_may_read(env)):
         return
     out.drop(path, f"MOONCAKE_CONFIG_PATH={value} is set for this server, but no connector it runs "
-             f"({', '.join(names)}) reads a mooncake.json in vLLM {v}: the file's settings "
+             f"({', '.join(names)}) reads a mooncake.json in vLLM {v}"
+             f"{' (LMCache reads it only for a mooncakestore:// remote, and none is set)' if reader == 'lmcache' else ''}"
+             ": the file's settings "
              "(protocol, metadata_server, ...) are not used",
              "remove MOONCAKE_CONFIG_PATH and the file (set what the connector reads in "
              "kv_connector_extra_config), or use a connector that reads it (MooncakeStoreConnector "
@@ -146,3 +151,10 @@ def _validation_note(name: str, v: Version) -> str:
         return f"; vLLM {v} starts without it and says nothing"
     hard = f"; with {check.flag} it raises ValueError instead" if check.flag else ""
     return f"; vLLM {v} starts without it, logging '{check.message}: {name}'{hard}"
+
+
+def _lmcache_may_read(env: Mapping[str, str]) -> bool:
+    """LMCache reads MOONCAKE_CONFIG_PATH only through a mooncakestore:// remote: one its env sets,
+    or one a config file kvctl does not see may set (LMCACHE_CONFIG_FILE). Neither: nobody reads it."""
+    remote = str(env.get("LMCACHE_REMOTE_URL", ""))
+    return remote.startswith("mooncakestore://") or "$" in remote or (not remote and "LMCACHE_CONFIG_FILE" in env)

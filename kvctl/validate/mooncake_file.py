@@ -276,9 +276,22 @@ def _check_mooncake_keys(cfg: Mapping[str, Any], where: str, out: Collector, who
         if key in keys or (who.kind == "v1-store" and key in MOONCAKE_KEYS):
             continue  # read, or read by another release (_check_versioned_keys says which)
         if key == "local_hostname":
-            out.drop(path, f"local_hostname is not read by {reader}",
-                     "export MOONCAKE_REQUESTER_LOCAL_HOSTNAME=<host> instead (else the host IP "
-                     "is used), and remove the key")
+            out.drop(path, f"local_hostname is not read by {reader}", _hostname_fix(v))
         else:
             out.drop(path, f"'{key}' is not a key {reader} reads; Mooncake ignores unknown keys",
                      did_you_mean(key, keys) + f"remove {key}")
+
+
+def _hostname_fix(v: Version) -> str:
+    """Where release `v` takes the host it registers from, from the extracted env facts:
+    MOONCAKE_REQUESTER_LOCAL_HOSTNAME from 0.22.0 (rdma_utils.get_requester_local_hostname); before,
+    the store worker registers get_ip(), which reads VLLM_HOST_IP (store/worker.py:566 in 0.21.0)."""
+    from kvctl.facts import env_vars
+
+    if env_vars.reads(v, "MOONCAKE_REQUESTER_LOCAL_HOSTNAME"):
+        return ("export MOONCAKE_REQUESTER_LOCAL_HOSTNAME=<host> instead (else the host IP is used), "
+                "and remove the key")
+    since = next((s for s, _ in env_vars.history("MOONCAKE_REQUESTER_LOCAL_HOSTNAME")), None)
+    later = f" (MOONCAKE_REQUESTER_LOCAL_HOSTNAME exists from vLLM {since})" if since else ""
+    return (f"export VLLM_HOST_IP=<host> instead: vLLM {v} registers the host get_ip() returns, which "
+            f"reads VLLM_HOST_IP{later}; and remove the key")

@@ -29,7 +29,7 @@ from kvctl.facts.offload_args import (
 )
 from kvctl.validate.kv_config import validate_kv_transfer_config
 from kvctl.validate.model import Artifact, Collector, Problem, SourceLines, did_you_mean, join, placeholder
-from kvctl.validate.readers.offload_args import LINKED
+from kvctl.validate.readers.offload_args import LINKED, PARALLEL
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.LShift: operator.lshift}
@@ -131,7 +131,8 @@ def _build(given: Mapping[str, Any], facts: OffloadArgs, root: str, v: Version, 
     if backend.env_connector and _env_on(artifact.env.get(backend.env_connector[0])):
         connector = backend.env_connector[1]
     built["kv_connector"] = connector
-    written = {key: _evaluate(expr, _number(effective.get(SIZE))) for key, expr in backend.extra.items()}
+    ranks = _ranks(facts, artifact.data)
+    written = {key: _evaluate(expr, _number(effective.get(SIZE)), ranks) for key, expr in backend.extra.items()}
     if backend.extra_mode == "update":
         extra = built.get("kv_connector_extra_config")
         built["kv_connector_extra_config"] = {**(extra if isinstance(extra, Mapping) else {}), **written}
@@ -155,15 +156,40 @@ def _env_on(value: str | None) -> bool:
         return False
 
 
-def _evaluate(expr: str, size: float | None) -> Any:
-    """The value vLLM writes for an expression of its source ("kv_offloading_size * (1 << 30)"):
-    constants and arithmetic on the size; num_kv_ranks (TP x PP) is taken as 1 (kvctl does not
-    know the parallelism; it only scales the number). Anything else stays a placeholder."""
+def _ranks(facts: OffloadArgs, data: Mapping[str, Any]) -> float | None:
+    """num_kv_ranks as the release computes it (facts.ranks: tensor x pipeline parallel size) from
+    the -tp / -pp the same command gives (vLLM's default 1 each); None when kvctl cannot read one."""
+    if facts.ranks is None:
+        return 1
+    sizes = {name: data.get(name, 1) for name in PARALLEL}
+    if any(_number(size) is None for size in sizes.values()):
+        return None
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Attribute) and node.attr in sizes:
+            return _number(sizes[node.attr])
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(ast.unparse(node))
+
+    try:
+        return value(ast.parse(facts.ranks, mode="eval").body)
+    except (ValueError, TypeError, SyntaxError):
+        return None
+
+
+def _evaluate(expr: str, size: float | None, ranks: float | None = 1) -> Any:
+    """The value vLLM writes for an expression of its source ("kv_offloading_size / num_kv_ranks"):
+    constants and arithmetic on the size and the ranks (_ranks). Anything else stays a placeholder."""
     def value(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name) and node.id in ("kv_offloading_size", "num_kv_ranks"):
-            return size if node.id == "kv_offloading_size" else 1
+            if node.id == "num_kv_ranks" and ranks is None:
+                raise ValueError(node.id)
+            return size if node.id == "kv_offloading_size" else ranks
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.left), value(node.right))
         raise ValueError(ast.unparse(node))

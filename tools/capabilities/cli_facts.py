@@ -225,7 +225,10 @@ def _union(annotation: ast.expr) -> list[ast.expr]:
             return _union(items[0]) + [ast.Constant(None)]
         if head == "Union":
             return [m for item in items for m in _union(item)]
-        if head == "Annotated":
+        # pydantic's SkipValidation[X] is Annotated[X, SkipValidation()]: vLLM's get_type_hints
+        # unwraps both (engine/arg_utils.py:134-148 in 0.10.2), so a SkipValidation[bool] field
+        # gets BooleanOptionalAction and its --no-x (--no-enable-chunked-prefill, 0.9.1-0.11.0)
+        if head in ("Annotated", "SkipValidation"):
             return _union(items[0])
     return [annotation]
 

@@ -162,6 +162,11 @@ def post_init(tree: SourceTree) -> dict:
                  and ast.unparse(s.targets[0]).endswith("kv_transfer_config.kv_role") and str_const(s.value)), None)
     if role is not None:
         entry["kv_role"] = {"values": {"value": str_const(role.value), **loc(path, role)}}
+    # the sizes are per rank: num_kv_ranks = tensor_parallel_size * pipeline_parallel_size (0.11.1+)
+    ranks = next((s for s in ast.walk(func) if isinstance(s, ast.Assign) and len(s.targets) == 1
+                  and ast.unparse(s.targets[0]) == "num_kv_ranks"), None)
+    if ranks is not None:
+        entry["ranks"] = {"values": {"value": ast.unparse(ranks.value), **loc(path, ranks)}}
     params = {backend: {"values": {**_connector(branch), **_extra(branch), **loc(path, branch)}}
               for backend, branch in _backend_branches(func)}
     if params:

@@ -22,6 +22,9 @@ LINKED = "kv_transfer_config"
 FLAG = re.compile(r"^--kv[-_]offloading[-_](?P<what>size|backend)(?:=(?P<value>.*))?$", re.S)
 MARKERS = ("--kv-offloading-", "--kv_offloading_")  # a launch line that sets one
 _KEYS = {f"kv{sep}offloading{sep}{what}": f"kv_offloading_{what}" for sep in "_-" for what in ("size", "backend")}
+# The parallelism the sizes are divided by (num_kv_ranks): read with the settings, from the same line.
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
+_PARALLEL_FLAG = re.compile(r"^(?:--(?P<long>tensor|pipeline)[-_]parallel[-_]size|-(?P<short>tp|pp))(?:=(?P<value>.*))?$")
 
 
 def key_of(name: object) -> str | None:
@@ -41,7 +44,7 @@ def located(values: dict[str, tuple[Any, int]], file: str, root: str, origin: st
         for path, line in config.lines.items():
             if path == config.where or path.startswith(config.where + ".") or path.startswith(config.where + "["):
                 lines[moved + path[len(config.where):]] = line
-    first = min(values, key=lambda key: values[key][1])
+    first = min((key for key in values if key not in PARALLEL), key=lambda key: values[key][1])
     return Artifact("kv_offloading", data, join(root, first), lines, origin=origin,
                     env=dict(env if env is not None else config.env if config else {}))
 
@@ -64,6 +67,21 @@ def in_words(words: list[tuple[str, int]], file: str, problems: list[Problem],
                 continue
             value, line = following
         found[f"kv_offloading_{match['what']}"] = (expand(value), line)
+    return {**_parallel(words, expand), **found} if found else found
+
+
+def _parallel(words: list[tuple[str, int]], expand: Callable[[str], str]) -> dict[str, tuple[Any, int]]:
+    """{tensor_parallel_size / pipeline_parallel_size: (value, line)} of a command's -tp / -pp flags."""
+    found: dict[str, tuple[Any, int]] = {}
+    for index, (word, line) in enumerate(words):
+        match = _PARALLEL_FLAG.match(word)
+        if match is None:
+            continue
+        which = "tensor" if (match["long"] or match["short"]).startswith("t") else "pipeline"
+        value = match["value"] if match["value"] is not None else \
+            words[index + 1][0] if index + 1 < len(words) else None
+        if value is not None:
+            found[f"{which}_parallel_size"] = (expand(value), line)
     return found
 
 

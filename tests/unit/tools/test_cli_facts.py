@@ -114,3 +114,14 @@ def test_committed_facts_hold_what_the_sources_say() -> None:
         fresh = strip_locations({"serve_flags": _cached(version)})["serve_flags"]
         committed = strip_locations(facts_at(COMMITTED, version))["serve_flags"]
         assert committed == fresh, version
+
+
+@pytest.mark.parametrize("version", ["0.9.1", "0.10.2", "0.11.0"])
+def test_skip_validation_bool_fields_get_their_no_form(version: str) -> None:
+    """Issue 40 item 4: SchedulerConfig.enable_chunked_prefill is SkipValidation[bool] in 0.9.1-0.11.0
+    (vllm/config/scheduler.py:89 in 0.10.2); get_type_hints unwraps it (engine/arg_utils.py:134-148),
+    so argparse has --no-enable-chunked-prefill there."""
+    found = _cached(version)
+    assert "--enable-chunked-prefill" in found and "--no-enable-chunked-prefill" in found
+    committed = facts_at(COMMITTED, version)["serve_flags"]
+    assert "--no-enable-chunked-prefill" in committed

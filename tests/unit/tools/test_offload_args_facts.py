@@ -126,3 +126,13 @@ def test_committed_facts_hold_what_the_sources_say() -> None:
         fresh = strip_locations({"offload_args": offload_args_facts.extract(_cached(version))})["offload_args"]
         committed = strip_locations(facts_at(COMMITTED, version))["offload_args"]
         assert committed == fresh, version
+
+
+@pytest.mark.parametrize("version", ["0.11.1", "0.13.0", "0.22.0"])
+def test_the_sizes_are_per_rank(version: str) -> None:
+    """Issue 40 item 4: _post_init_kv_transfer_config divides the size by num_kv_ranks = TP x PP
+    (vllm/config/vllm.py:488-491 in 0.13.0): the fact says so, and the committed facts carry it."""
+    ranks = _values(offload_args_facts.extract(_cached(version))["post_init"], "ranks")
+    assert ranks["value"] == ("self.parallel_config.tensor_parallel_size * "
+                              "self.parallel_config.pipeline_parallel_size")
+    assert facts_at(COMMITTED, version)["offload_args"]["post_init"]["ranks"]["values"]["value"] == ranks["value"]

@@ -151,3 +151,13 @@ def test_kubernetes_args(tmp_path: Path) -> None:
     report = _report(tmp_path, "deploy.yaml", text, NEWEST)
     assert [p.where for p in report.errors] == [f"{tmp_path}/deploy.yaml:8 kv_offloading_backend"]
     assert "--kv-offloading-size at args[2] of container 'vllm'" in report.found[0]
+
+
+def test_the_sizes_vllm_writes_are_per_rank(tmp_path: Path) -> None:
+    """Issue 40 item 4: with -tp 8 vLLM 0.13 writes 64 GiB / 8 per rank (vllm/config/vllm.py:488-505)."""
+    ktc = '{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"kv_bytes_per_rank":1}}'
+    for flags, per_rank in (("-tp 8", 8 << 30), ("--tensor-parallel-size=4 -pp 2", 8 << 30), ("", 64 << 30)):
+        text = f"vllm serve M {flags} --kv-offloading-size 64 --kv-offloading-backend native --kv-transfer-config '{ktc}'\n"
+        report = _report(tmp_path, "run.sh", text, "0.13.0")
+        [moved] = [p for p in report.problems if p.where.endswith("kv_bytes_per_rank") and "overwrites" in p.message]
+        assert f"with {float(per_rank)!r}" in moved.message, (flags, moved.message)

@@ -84,3 +84,31 @@ def test_every_warning_left_is_not_a_setting_vllm_loses(tmp_path: Path) -> None:
     path = write(tmp_path, "ktc.json", json.dumps({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}))
     report = validate_path(path, "0.22.0")
     assert report.ok and all("reset_cache()" in p.message for p in report.warnings)
+
+
+def test_local_hostname_fix_names_what_the_release_reads(tmp_path: Path) -> None:
+    """Issue 40 item 4: MOONCAKE_REQUESTER_LOCAL_HOSTNAME first exists in 0.22.0 (vllm/envs.py;
+    rdma_utils.get_requester_local_hostname); 0.21.0's store worker registers get_ip() (VLLM_HOST_IP)."""
+    config = {"metadata_server": "P2PHANDSHAKE", "master_server_address": "10.0.0.5:50051", "protocol": "tcp",
+              "device_name": "", "global_segment_size": "4GB", "local_buffer_size": "1GB", "local_hostname": "h"}
+    path = write(tmp_path, "mooncake.json", json.dumps(config))
+    [old] = [p for p in validate_path(path, "0.21.0").problems if p.where.endswith("local_hostname")]
+    assert "VLLM_HOST_IP" in old.fix and "export MOONCAKE_REQUESTER_LOCAL_HOSTNAME" not in old.fix
+    [new] = [p for p in validate_path(path, "0.22.0").problems if p.where.endswith("local_hostname")]
+    assert "export MOONCAKE_REQUESTER_LOCAL_HOSTNAME" in new.fix
+
+
+def test_mooncake_config_path_no_connector_reads(tmp_path: Path) -> None:
+    """Issue 40 item 4: on 0.11.0 no registered connector reads MOONCAKE_CONFIG_PATH (V0's left in
+    0.10.1, the V1 store connector comes in 0.21.0); LMCache reads it only for a mooncakestore:// remote."""
+    lmcache = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+
+    def verdict(env: str) -> list[bool]:
+        path = write(tmp_path, "run.sh", f"export MOONCAKE_CONFIG_PATH=/etc/mooncake.json\n{env}"
+                     f"vllm serve m --kv-transfer-config '{lmcache}'\n")
+        return [p.dropped for p in validate_path(path, "0.11.0").errors if "MOONCAKE_CONFIG_PATH" in p.message]
+
+    assert verdict("") == [True]
+    assert verdict("export LMCACHE_REMOTE_URL=mooncakestore://10.0.0.5:50051/\n") == []
+    assert verdict("export LMCACHE_CONFIG_FILE=/etc/lmcache.yaml\n") == []  # its remote is not in the file
+    assert verdict("export LMCACHE_REMOTE_URL=lm://10.0.0.5:65432\n") == [True]

@@ -857,8 +857,10 @@ def test_a_mooncake_config_path_no_connector_reads_is_dropped() -> None:
     [unread] = [p for p in validate_kv_transfer_config(p2p, "0.32.0", env=env) if p.dropped]
     assert "MOONCAKE_CONFIG_PATH=/etc/mooncake.json" in unread.message and "MooncakeStoreConnector" in unread.fix
     assert not [p for p in validate_kv_transfer_config(STORE, "0.32.0", env=env) if p.dropped]
-    lmcache = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    assert not [p for p in validate_kv_transfer_config(lmcache, "0.32.0", env=env) if p.dropped]
+    lmcache = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}  # only for a mooncakestore:// remote
+    remote = {**env, "LMCACHE_REMOTE_URL": "mooncakestore://10.0.0.5:50051/"}
+    assert not [p for p in validate_kv_transfer_config(lmcache, "0.32.0", env=remote) if p.dropped]
+    assert [p for p in validate_kv_transfer_config(lmcache, "0.32.0", env=env) if p.dropped]  # issue 40
     external = {**p2p, "kv_connector": "MyConnector", "kv_connector_module_path": "my.connector"}
     assert not [p for p in validate_kv_transfer_config(external, "0.32.0", env=env) if p.dropped]
 

@@ -77,6 +77,8 @@ class Fleet:
     # The Mooncake tenant the replicas' mooncake.json names (vLLM's /server_info does not show it): the
     # inventory's tenant_id, or the run's rendered one. None: not declared (kvctl.reset.tenancy)
     tenant_id: str | None = None
+    # The run whose own embedded master the fleet uses, no other live run recording it (kvctl.reset.wide)
+    embedded_master_of: str | None = None
 
     @property
     def master(self) -> str | None:
@@ -279,10 +281,15 @@ def resolve_targets(run: str | None = None, urls: list[str] | None = None, inven
     if not rpcs and masters_from_env and master_src in (None, "--master", MASTER_ENV):
         rpcs, rpc_src = _master_flag(env.get(MASTER_RPC_ENV), MASTER_RPC_ENV, "rpc") or ((), None)
     fleet = Fleet(replicas, (), cache_prefix, sources, master_source=master_src, master_rpc_source=rpc_src,
-                  tenant_id=tenant_id)
+                  tenant_id=tenant_id, embedded_master_of=_own_master(record, master_src == inv_source, state_dir))
     if masters and ray is None:
         masters, rpcs, fleet = _ask_local_runs(masters, rpcs, fleet, state_dir)
     return Targets(_with_masters(fleet, masters, rpcs, rpc_src or "--master-rpc"), record)
+
+
+def _own_master(record: Any, from_record: bool, state_dir: str | Path | None) -> str | None:
+    from kvctl.serve.master_flags import own_embedded_master  # the runs' records: kvctl.reset.wide asks
+    return own_embedded_master(record, state_dir) if from_record else None
 
 
 def _master_flag(value: str | None, where: str, port_kind: str) -> tuple[tuple[str, ...], str] | None:

@@ -74,9 +74,9 @@ async def _private(plan: Plan, fleet: Any, http: HttpPool) -> tuple[str | None, 
     what kvctl saw)."""
     from kvctl.transport.master_admin import MasterAdmin, MasterError
 
-    source = getattr(fleet, "master_source", None) or ""
-    if plan.master and source.startswith("run "):
-        return f"it is the embedded master of the kvctl serve run ({source}), this fleet's alone", ""
+    run = getattr(fleet, "embedded_master_of", None)
+    if plan.master and run:
+        return f"it is the embedded master of kvctl serve run {run}, and no other live run records it", ""
     if plan.master is None:
         return None, "no Mooncake master is known, so kvctl cannot tell whether another deployment shares it"
     models = await _models(plan, fleet, http)

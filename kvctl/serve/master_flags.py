@@ -169,6 +169,20 @@ def recorded_masters(state_dir: str | Path | None) -> list[RunRecord]:
         return []
 
 
+def own_embedded_master(record: RunRecord | None, state_dir: str | Path | None) -> str | None:
+    """The run's name when its master is its own embedded one and no other live run on this machine records
+    that master too (a run started against it writes there as well): kvctl.reset.wide calls such a master
+    the fleet's alone."""
+    master = record.master if record is not None else None
+    if master is None or not master.embedded:
+        return None
+    ours = {master.admin_address, master.rpc_address} - {None}
+    if any(r.name != record.name and r.master is not None and {r.master.admin_address, r.master.rpc_address} & ours
+           for r in recorded_masters(state_dir)):
+        return None
+    return record.name
+
+
 def _recorded_rpc(admin: str, state_dir: str | None) -> tuple[str, str] | None:
     """(RPC address, run name) of a live run whose master has this admin address."""
     for r in recorded_masters(state_dir):

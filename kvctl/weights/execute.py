@@ -201,7 +201,7 @@ def _judge(receipt: WeightsReceipt, before: dict, after: dict, fleet: Fleet, ste
         row.checksum_before = b[0].digest if b[0] else None
         row.checksum_after = a[0].digest if a[0] else None
         row.checksum_note = _checksum_note(b, a, receipt.interrupted, row.reload.result)
-        held = row.name in step.failed and not step.resume_failed and receipt.interrupted is None
+        held = row.name in step.held  # kept paused by the executor: its reload failed (a signal too)
         row.left_paused = row.window == "paused" if row.window in ("paused", "serving") else held  # as it says
         reset_ok = bool(row.reset and row.reset.reset)
         label = (_stale_error(row, receipt.version) if receipt.stale and row.reload.result == "ok"

@@ -157,3 +157,40 @@ def test_a_signal_keeps_a_replica_whose_step_failed_paused(doubles: DoubleFleet)
     assert not slow.paused and slow.calls_to("/resume")
     assert step.held == [receipt.replicas[0].name]
     assert "kept paused: its step failed" in (receipt.replicas[0].error or "")
+
+
+def test_a_signal_mid_update_keeps_a_failed_reload_paused_and_its_receipt_says_so(doubles: DoubleFleet,
+                                                                                    tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """kvctl weights update: one replica's reload fails (it may hold no weights), the other's hangs; SIGTERM.
+    The failed one stays paused and its row says left_paused; the other is resumed."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"step-2 weights")
+    (folder / "config.json").write_text("{}")
+    store = SharedStore()
+    replicas = [VllmDouble("0.32.0", store=store, weight_answers=True, connector="MooncakeStoreConnector")
+                for _ in range(2)]
+    urls = [doubles.add(r) for r in replicas]
+    master = doubles.add_master(MasterDouble(store))
+    replicas[0].faults.status["/collective_rpc"] = 500
+    replicas[1].faults.delay["/collective_rpc"] = 30
+    targets = [w for u in urls for w in ("--url", u)]
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl", "weights", "update", *targets, "--master", master,
+                             "--from", str(folder), "--version", "v2", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (replicas[1].calls_to("/collective_rpc") and replicas[0].calls_to("/collective_rpc")) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # replica 0's reload has answered its 500 by now
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert replicas[0].paused and not replicas[0].calls_to("/resume"), "a replica whose reload failed was resumed"
+    assert not replicas[1].paused and replicas[1].calls_to("/resume")
+    rows = json.loads(out)["replicas"]
+    assert rows[0]["left_paused"] is True and rows[1]["left_paused"] is False, rows

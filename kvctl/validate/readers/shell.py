@@ -99,10 +99,13 @@ class _Reader:
     exports: Exports = field(default_factory=Exports)  # assignments bash keeps from vLLM (shell_env.py)
 
     def read(self, text: str, base_line: int, shell: _Shell, depth: int) -> None:
-        text = self._heredocs(text, base_line)
+        bodies: list[tuple[str, int, bool]] = []  # read when the script reaches them (expanded then)
+        text = self._heredocs(text, base_line, bodies)
         split = split_commands(text, base_line)
         self.problems += [self._skipped(s) for s in split.skipped]
         for tokens in split.commands:
+            while bodies and tokens and bodies[0][1] <= tokens[0].line:
+                self._body(bodies.pop(0), shell)
             self._nested(tokens, shell, depth)
             self._variables(tokens, shell)
             self.exports.seen(tokens, assignments(tokens), shell)
@@ -112,6 +115,14 @@ class _Reader:
                 self.artifacts += with_env_lines(configs_in_command(
                     command, self.file, self.problems, shell.expand, shell.line_of, shell.why_unknown),
                     tokens, command.env, shell.lines)
+        for body in bodies:
+            self._body(body, shell)
+
+    def _body(self, body: tuple[str, int, bool], shell: _Shell) -> None:
+        """A heredoc body, with the variables bash expands in it where its word is unquoted
+        (`<<JSON`: "${SEGMENT_SIZE}" is the value the script set, or its default)."""
+        text, first_line, expands = body
+        self._read_body(shell.expand(text) if expands else text, first_line)
 
     def _skipped(self, skipped: Skipped) -> Problem:
         """A command kvctl could not split: said at its line, the rest of the file still read. An
@@ -168,9 +179,9 @@ class _Reader:
                     "validate the kv_transfer_config itself (a JSON file), or the command as run",
                     WARNING))
 
-    def _heredocs(self, text: str, base_line: int) -> str:
-        """Cut heredoc bodies out of `text` (their lines left empty, so line numbers hold) and
-        read each as a document or as launch text."""
+    def _heredocs(self, text: str, base_line: int, bodies: list[tuple[str, int, bool]]) -> str:
+        """Cut heredoc bodies out of `text` (their lines left empty, so line numbers hold) into
+        `bodies` (text, first line, expanded by bash), each read as a document or launch text."""
         lines = text.split("\n")
         index = 0
         while index < len(lines):
@@ -184,7 +195,7 @@ class _Reader:
                 index += 1
             body = "\n".join(lines[start:index])
             lines[start:index] = [""] * (index - start)
-            self._read_body(body, base_line + start)
+            bodies.append((body, base_line + start, not match["quote"]))
         return "\n".join(lines)
 
     def _read_body(self, body: str, first_line: int) -> None:

@@ -149,3 +149,19 @@ ktc = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", kv
 """)
     report = validate_path(path, "0.32.0")
     assert not report.ok and "ten gigabytes" in messages(report)
+
+
+def test_an_unquoted_heredoc_is_read_with_the_variables_bash_fills_in(tmp_path: Path) -> None:
+    """`cat > f <<JSON` expands ${...} (with their defaults) as bash does; `<<'JSON'` does not."""
+    text = """SIZE="${SIZE:-1073741824}"
+cat > /tmp/mooncake.json <<JSON
+{"metadata_server": "P2PHANDSHAKE", "master_server_address": "127.0.0.1:50051", "protocol": "tcp",
+ "device_name": "", "global_segment_size": ${SIZE}, "local_buffer_size": ${SIZE}, "enable_offload": false}
+JSON
+"""
+    report = validate_path(write(tmp_path, "run.sh", text), "0.21.0")
+    assert any(p.where.endswith("mooncake.enable_offload") and p.dropped for p in report.errors), \
+        [p.message for p in report.problems]
+    quoted = text.replace("<<JSON", "<<'JSON'")
+    report = validate_path(write(tmp_path, "run.sh", quoted + "vllm serve m --kv-transfer-config '{}'\n"), "0.21.0")
+    assert not any("enable_offload" in p.where for p in report.problems)  # no JSON bash would write

@@ -5,9 +5,11 @@ MooncakeStoreConnector, traffic that makes replica B reuse KV that replica A sto
 reset that leaves the stale KV in Mooncake (B still hits it), then `kvctl reset --connector
 --verify`, after which nothing hits. Then the weight update itself: a naive in-place update
 (vLLM's own `collective_rpc reload_weights` to the other tiny model on both replicas) leaves the
-old weights' block in the cache, served to the new weights (kvctl probe: STALE); `kvctl weights
-update --verify` does the same reload with every cache cleared while paused, after which nothing
-hits and kvctl probe says match. Teardown. Prints a before/after table.
+old weights' block in the cache, served to the new weights (kvctl probe: STALE); the next update
+(back to the first weights) done with `kvctl weights update --verify` reloads with every cache
+cleared while paused, after which nothing hits and kvctl probe says match. (The same folder again
+would change no weight, and kvctl refuses to call that an update.) Teardown. Prints a before/after
+table.
 
 Every answer is checked: a request that fails (vLLM answers a failed KV load with a 500) stops the
 demo with the step, the replica, the server's answer and, when the replica's log shows it, one line
@@ -198,8 +200,11 @@ def weights_story(name: str, model: str, new_weights: str, rows: list[Row]) -> N
             raise DemoError(f"kvctl probe on B after the naive reload said {verdict!r}, expected STALE: "
                             "the old weights' block should change B's answer")
         print("  kvctl probe on B: STALE (the answer as served differs from the one computed fresh)")
-        proc = kvctl("weights", "update", "--run", name, "--from", new_weights, "--version", "v2", "--verify",
-                     "--json", check=False)
+        # the trainer's next update, done with kvctl: its own weights must differ from what now runs (the
+        # same folder again changes no checksum, which kvctl reports as not updated), so back to the first
+        print("\n-- the next weight update, with kvctl (back to the first weights, as version v2)")
+        proc = kvctl("weights", "update", "--run", name, "--from", str(Path(model).resolve()), "--version", "v2",
+                     "--verify", "--json", check=False)
         receipt = json.loads(proc.stdout) if proc.stdout.strip() else {}
         if proc.returncode != 0 or not receipt.get("ok"):
             raise DemoError(f"kvctl weights update exited {proc.returncode}: "

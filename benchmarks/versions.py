@@ -77,9 +77,10 @@ SCENARIOS: dict[str, tuple[str, list[str], str]] = {
     "salt-short-lease": ("salt", ["--default_kv_lease_ttl=1000"],
                          "salted, no reset; default eviction, read lease 1 s instead of 10 s"),
     "salt-roomy": ("salt", [], ("salted, no reset; default flags, a store twice the size (each version's working "
-                                "set half of --fill)")),
+                                "set half of --fill), measured at the second update (N keys: both older versions)")),
 }
 FILL_SCALE = {"salt-roomy": 0.5}  # a scenario's working set, as a share of --fill
+UPDATES = {"salt-roomy": 2}  # updates in a row (the last one is measured): room for two versions lasts one
 
 
 def block_key(version: int, i: int) -> str:
@@ -179,61 +180,68 @@ def run_scenario(name: str, args: argparse.Namespace, work: Path) -> Run:
             first = rng.randrange(0, max(1, len(n_keys) - BATCH))
             touch(store, n_keys[first:first + BATCH], value, run, None)
             time.sleep(BATCH / args.reuse_rate)
-        n_set = set(n_keys)
-        # 2. the update
-        t0 = time.monotonic()
-        if update == "reset":
-            run.removed = asyncio.run(MasterAdmin(master.admin_address).remove_all(force=True))
-        run.update_s = time.monotonic() - t0
-        # 3. version N+1 with traffic
-        n1_keys: list[str] = []
-        start = time.monotonic()
-        next_sample = 0.0
-        base = metrics(http, admin)
-        credit_new = credit_reuse = credit_inflight = 0.0
-        last = start
-        while True:
-            now = time.monotonic()
-            t = now - start
-            if t >= next_sample:
-                m = metrics(http, admin)
-                listed = http.get(f"{admin}/get_all_keys").text.split()
-                dead = sum(1 for k in listed if k in n_set)
-                run.timeline.append({
-                    "t": round(t, 3), "allocated_bytes": m.get("master_allocated_bytes", 0.0),
-                    "capacity_bytes": m.get("master_total_capacity_bytes", 0.0),
-                    "keys": len(listed), "dead_keys": dead, "live_keys": len(listed) - dead,
-                    "evicted_keys": m.get("master_evicted_key_count", 0.0) - base.get("master_evicted_key_count", 0.0),
-                    "failed_put_items": (m.get("master_batch_put_start_failed_items_total", 0.0)
-                                         - base.get("master_batch_put_start_failed_items_total", 0.0)),
-                    "n1_written": len(n1_keys),
-                    "live_lookups": sum(c.lookups for c in run.live.values()),
-                    "live_hits": sum(c.hits for c in run.live.values()),
-                })
-                next_sample += args.sample_s
-            if t >= args.live_s:
-                break
-            dt, last = now - last, now
-            credit_new += dt * args.new_rate if len(n1_keys) < working_set else 0.0
-            credit_reuse += dt * args.reuse_rate
-            credit_inflight += dt * args.inflight_rate if t < args.inflight_s else 0.0
-            window = f"{int(t // 10) * 10}-{int(t // 10) * 10 + 10}s"
-            live = run.live.setdefault(window, Counters())
-            if credit_new >= BATCH:
-                credit_new -= BATCH
-                fresh = [block_key(1, i) for i in range(len(n1_keys), min(working_set, len(n1_keys) + BATCH))]
-                n1_keys.extend(fresh)
-                touch(store, fresh, value, run, None)
-            if credit_reuse >= BATCH and len(n1_keys) >= BATCH:
-                credit_reuse -= BATCH
-                first = rng.randrange(0, len(n1_keys) - BATCH + 1)
-                run.store_misses += touch(store, n1_keys[first:first + BATCH], value, run, live)
-            if credit_inflight >= BATCH:
-                credit_inflight -= BATCH
-                first = rng.randrange(0, max(1, len(n_keys) - BATCH))
-                touch(store, n_keys[first:first + BATCH], value, run, run.inflight)
-            time.sleep(0.002)
-        run.n1_keys_written = len(n1_keys)
+        versions = [n_keys]  # each version's keys, version N first
+        updates = UPDATES.get(name, 1)
+        for u in range(1, updates + 1):  # only the last update is recorded
+            run.timeline, run.live, run.inflight, run.store_misses = [], {}, Counters(), 0
+            older = [k for keys in versions for k in keys]
+            n_set, inflight_keys = set(older), versions[-1]
+            run.n_keys_written = len(older)
+            # 2. the update
+            t0 = time.monotonic()
+            if update == "reset":
+                run.removed = asyncio.run(MasterAdmin(master.admin_address).remove_all(force=True))
+            run.update_s = time.monotonic() - t0
+            # 3. version N+1 with traffic
+            n1_keys: list[str] = []
+            start = time.monotonic()
+            next_sample = 0.0
+            base = metrics(http, admin)
+            credit_new = credit_reuse = credit_inflight = 0.0
+            last = start
+            while True:
+                now = time.monotonic()
+                t = now - start
+                if t >= next_sample:
+                    m = metrics(http, admin)
+                    listed = http.get(f"{admin}/get_all_keys").text.split()
+                    dead = sum(1 for k in listed if k in n_set)
+                    run.timeline.append({
+                        "t": round(t, 3), "allocated_bytes": m.get("master_allocated_bytes", 0.0),
+                        "capacity_bytes": m.get("master_total_capacity_bytes", 0.0),
+                        "keys": len(listed), "dead_keys": dead, "live_keys": len(listed) - dead,
+                        "evicted_keys": m.get("master_evicted_key_count", 0.0) - base.get("master_evicted_key_count", 0.0),
+                        "failed_put_items": (m.get("master_batch_put_start_failed_items_total", 0.0)
+                                             - base.get("master_batch_put_start_failed_items_total", 0.0)),
+                        "n1_written": len(n1_keys),
+                        "live_lookups": sum(c.lookups for c in run.live.values()),
+                        "live_hits": sum(c.hits for c in run.live.values()),
+                    })
+                    next_sample += args.sample_s
+                if t >= args.live_s:
+                    break
+                dt, last = now - last, now
+                credit_new += dt * args.new_rate if len(n1_keys) < working_set else 0.0
+                credit_reuse += dt * args.reuse_rate
+                credit_inflight += dt * args.inflight_rate if t < args.inflight_s else 0.0
+                window = f"{int(t // 10) * 10}-{int(t // 10) * 10 + 10}s"
+                live = run.live.setdefault(window, Counters())
+                if credit_new >= BATCH:
+                    credit_new -= BATCH
+                    fresh = [block_key(u, i) for i in range(len(n1_keys), min(working_set, len(n1_keys) + BATCH))]
+                    n1_keys.extend(fresh)
+                    touch(store, fresh, value, run, None)
+                if credit_reuse >= BATCH and len(n1_keys) >= BATCH:
+                    credit_reuse -= BATCH
+                    first = rng.randrange(0, len(n1_keys) - BATCH + 1)
+                    run.store_misses += touch(store, n1_keys[first:first + BATCH], value, run, live)
+                if credit_inflight >= BATCH:
+                    credit_inflight -= BATCH
+                    first = rng.randrange(0, max(1, len(inflight_keys) - BATCH))
+                    touch(store, inflight_keys[first:first + BATCH], value, run, run.inflight)
+                time.sleep(0.002)
+            run.n1_keys_written = len(n1_keys)
+            versions.append(n1_keys)
     finally:
         http.close()
         store.close()
@@ -368,7 +376,11 @@ REAL_CASES: dict[str, tuple[str, list[str], str]] = {
     "reset": ("reset", [], "kvctl.hard_reset at the update"),
     "salt": ("salt", [], "salted, default master flags"),
     "salt-short-lease": ("salt", ["--default_kv_lease_ttl=1000"], "salted, read lease 1 s"),
+    "salt-roomy": ("salt", [], ("salted, default flags, half the prompts per version, measured at the second "
+                                "update (12 s after the first)")),
 }
+REAL_UPDATES = {"salt-roomy": 2}
+REAL_PROMPT_SCALE = {"salt-roomy": 0.5}
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
 STACK_LOCK = "/tmp/kvctl-real-stack.lock"  # other real stacks on this machine wait for this one
 
@@ -388,6 +400,7 @@ def real_case(name: str, vllm_python: str, model: str, prompts: int, segment_mb:
 
     update, flags, what = REAL_CASES[name]
     state, run_name = tmp / f"state-{name}", f"bench-versions-{name}"
+    prompts = int(prompts * REAL_PROMPT_SCALE.get(name, 1.0))
     out: dict[str, Any] = {"name": name, "update": update, "flags": flags, "what": what, "prompts": prompts}
     with open(STACK_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -425,12 +438,16 @@ def real_case(name: str, vllm_python: str, model: str, prompts: int, segment_mb:
                 send(version)
                 return (external() - before) / (prompts * 128)
 
-            send(0)  # version N: its blocks stored ...
-            deadline = time.monotonic() + 20
-            while len(keys()) < prompts and time.monotonic() < deadline:
-                time.sleep(0.2)
+            measured = REAL_UPDATES.get(name, 1)  # the version measured; those before it, stored and read
+            for version in range(measured):
+                send(version)  # version N: its blocks stored ...
+                deadline = time.monotonic() + 20
+                while len(keys()) < prompts * (version + 1) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                out["n_reread_hit"] = reread(version)  # ... and read back up to the update (its read leases)
+                if version < measured - 1:  # updates further apart than the 10 s read lease, as a loop's are
+                    time.sleep(12)
             out["n_keys"] = len(n_keys := keys())
-            out["n_reread_hit"] = reread(0)  # ... and read back up to the update (its read leases)
             t0 = time.monotonic()
             if update == "reset":
                 receipt = kvctl.hard_reset(run=run_name, state_dir=str(state), connector=True)
@@ -439,16 +456,16 @@ def real_case(name: str, vllm_python: str, model: str, prompts: int, segment_mb:
                 out["reset_errors"] = [r.error for r in receipt.replicas if r.error]
                 if not receipt.ok:
                     raise RuntimeError(f"the reset failed: {receipt.summary}")
-            send(1)  # version N+1: its own blocks
+            send(measured)  # version N+1: its own blocks
             out["n1_written_s"] = time.monotonic() - t0
             time.sleep(1.0)  # the connector's last puts are asynchronous
             present = keys()
             out["n1_in_store"], out["dead_before_read"] = len(present - n_keys), len(present & n_keys)
-            out["live_hit_first"] = reread(1)
+            out["live_hit_first"] = reread(measured)
             out["live_first_at_s"] = time.monotonic() - t0
             out["dead_after_first"] = len(n_keys & keys())
             time.sleep(max(0.0, 25 - (time.monotonic() - t0)))
-            out["live_hit_later"] = reread(1)
+            out["live_hit_later"] = reread(measured)
             out["live_later_at_s"] = time.monotonic() - t0
             out["dead_at_end"] = len(n_keys & keys())
             m = metrics(http, admin)
@@ -511,7 +528,7 @@ def real_check(args: argparse.Namespace) -> dict[str, Any]:
             for name in args.real_cases.split(","):
                 log(f"real vLLM: {name}, run {rep}")
                 case = real_case(name, vllm_python, args.model, args.real_prompts, args.real_segment_mb, Path(tmp))
-                cases.append({**case, "rep": rep})
+                cases.append({**case, "rep": rep, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
                 log(f"  {json.dumps(cases[-1])}")
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "segment_mb": args.real_segment_mb,
             "cases": cases}
@@ -552,9 +569,12 @@ def main() -> int:
     if args.quick:
         args.live_s = min(args.live_s, 20.0)
         args.real_reps = 1
-    if args.vllm_only:
+    if args.vllm_only:  # the real-vLLM cases asked for replace theirs; the other cases stay
         data = json.loads(args.out.read_text())
-        data["real_vllm"] = real_check(args)
+        new, names = real_check(args), set(args.real_cases.split(","))
+        kept = [c for c in (data.get("real_vllm") or {}).get("cases", []) if c["name"] not in names]
+        new["cases"] = sorted(kept + new["cases"], key=lambda c: (c.get("rep", 1), list(REAL_CASES).index(c["name"])))
+        data["real_vllm"] = new
         data["findings"] = findings(data)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         replace_section(args.doc, BEGIN, END, render(data))

@@ -99,6 +99,7 @@ def assess_salt(version: Version, leaves: list[str]) -> SaltAssessment:
                      "connector whose keys carry the salt (MooncakeStoreConnector, OffloadingConnector)")
     if unsure:
         out.fixes.append("prove it on the live fleet: kvctl salt check")
+    out.fixes.append("when to salt and when to reset: docs/salting.md")
     return out
 
 

@@ -17,7 +17,7 @@ from kvctl._version import __version__ as __version__  # the public face
 
 _API = ("hard_reset", "hard_reset_async", "ResetFailed", "probe", "probe_async", "update_weights",
         "update_weights_async", "WeightsUpdateFailed", "check_salt_isolation", "check_salt_isolation_async")
-# inside a training loop (kvctl/api_loop.py)
+# inside a training loop (kvctl/api/loop.py)
 _LOOP_API = ("take_evidence", "take_evidence_async", "check_evidence", "check_evidence_async",
              "update_window_async", "Evidence")
 
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name in _LOOP_API:
-        from kvctl import api_loop
+        from kvctl.api import loop as api_loop
         from kvctl.reset.evidence import Evidence
 
         return Evidence if name == "Evidence" else getattr(api_loop, name)

@@ -97,7 +97,7 @@ def check(
 
     Targets default to the replicas the evidence was taken on. With --master, this deployment's keys are counted too (proof only while every replica is paused). Exit 0 clean, 1 STALE or not clean, 3 a replica still paused (its check stays pending). The file is updated: a canary is checked once.
     """
-    from kvctl.api_loop import check_evidence_async
+    from kvctl.api.loop import check_evidence_async
     from kvctl.cli.reset import _print
     from kvctl.reset.evidence import Evidence
 

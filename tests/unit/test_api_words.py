@@ -1,5 +1,5 @@
 """A Python caller is told keywords, not flags (issue 28): every message is written once in the CLI's
-words and the API renders it through one table (kvctl.api_words.FLAGS), which must match the CLI.
+words and the API renders it through one table (kvctl.api.words.FLAGS), which must match the CLI.
 Checked three ways: the table against the CLI's declared options; every message literal of the modules
 the API runs, rendered; real errors and receipts through kvctl.hard_reset/probe/update_weights (and
 the same errors through the CLI, which keeps its flags)."""
@@ -20,7 +20,7 @@ from kvctl.cli.probe import probe as cli_probe
 from kvctl.cli.reset import reset as cli_reset
 from kvctl.cli.salt import check as cli_salt_check
 from kvctl.cli.weights import update as cli_weights_update
-from kvctl.api_words import _COMMAND, FLAGS, for_python
+from kvctl.api.words import _COMMAND, FLAGS, for_python
 from kvctl.errors import KvctlError, UsageError
 from tests.doubles import DoubleFleet, SharedStore, VllmDouble
 
@@ -40,7 +40,7 @@ FOREIGN = {
     "--force": "the helper's argv, and kvctl rm's in a command built in pieces",
 }
 # the modules whose messages reach Python callers (kvctl.api and what it runs)
-MODULES = ["kvctl/api.py", "kvctl/targets.py", "kvctl/serve/runs.py", "kvctl/serve/ray_fleet.py",
+MODULES = ["kvctl/api/__init__.py", "kvctl/targets.py", "kvctl/serve/runs.py", "kvctl/serve/ray_fleet.py",
            "kvctl/facts/cache_prefix.py", "kvctl/reset/*.py", "kvctl/weights/*.py", "kvctl/transport/*.py"]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
 

@@ -1,6 +1,7 @@
 """kvctl's shape, kept from drifting: no import cycle inside kvctl/ (imports inside functions count:
 they run too), no core module importing the CLI or the package's own face, the documented package
-layers, and no core module over 450 lines (a module that long holds two ideas)."""
+layers, no core module over 450 lines (a module that long holds two ideas), and at most 12 modules
+directly in kvctl/ (LAYOUT.md: more is a sign that a concept wants its package)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.lib import REPO
 
 PACKAGE = REPO / "kvctl"
 MAX_LINES = 450
+MAX_TOP_LEVEL = 12  # .py files directly in kvctl/, __init__ and __main__ included
 # Which kvctl packages each package may import (besides its own modules and the leaves below).
 LEAVES = {"kvctl._faces", "kvctl._version", "kvctl.errors", "kvctl.interrupt", "kvctl.state", "kvctl.yamlio"}
 ALLOWED = {
@@ -101,6 +103,13 @@ def test_packages_import_only_their_layers() -> None:
 def test_no_core_module_is_over_the_limit() -> None:
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by idea): {long}"
+
+
+def test_kvctl_holds_at_most_twelve_top_level_modules() -> None:
+    """A thirteenth module beside the packages goes into the package of its concept (kvctl/api/ holds
+    the Python API and its training-loop and wording modules)."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} modules directly in kvctl/ (at most {MAX_TOP_LEVEL}): {top}"
 
 
 def test_the_checks_see_the_real_graph() -> None:

@@ -286,13 +286,13 @@ class KvctlVerlHook:
 
 
 def _api(name: str) -> Any:
-    """kvctl's public API by name (kvctl.api, or kvctl.api_loop for the training-loop calls), looked
+    """kvctl's public API by name (kvctl.api, or kvctl.api.loop for the training-loop calls), looked
     up at call time."""
     from kvctl import api
 
     if hasattr(api, name):
         return getattr(api, name)
-    import kvctl.api_loop as loop
+    import kvctl.api.loop as loop
 
     return getattr(loop, name)
 

@@ -167,5 +167,5 @@ def test_the_integration_is_a_leaf() -> None:
     for name, deps in g.items():
         if name.startswith("kvctl.integrations"):
             outside = {d for d in deps if not d.startswith("kvctl.integrations") and d not in LEAVES}
-            assert outside <= {"kvctl.api", "kvctl.api_loop", "kvctl.serve.runs", "kvctl.serve.procs", "kvctl.serve.ray_fleet"}, \
+            assert outside <= {"kvctl.api", "kvctl.api.loop", "kvctl.serve.runs", "kvctl.serve.procs", "kvctl.serve.ray_fleet"}, \
                 (name, outside)

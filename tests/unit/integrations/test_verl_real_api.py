@@ -1,4 +1,4 @@
-"""The integration on kvctl's real API (kvctl.api / kvctl.api_loop) against vLLM and Mooncake master
+"""The integration on kvctl's real API (kvctl.api / kvctl.api.loop) against vLLM and Mooncake master
 doubles: verl's sync trainer replayed (tests/lib/verl_stand_ins.py), its own reset broken so that
 the old weights' KV survives in the store: mode "verify" sees it STALE, mode "reset" clears and proves."""
 
@@ -14,7 +14,7 @@ from kvctl.integrations.verl import KvctlVerlHook, install
 from tests.doubles import DoubleFleet, MasterDouble, SharedStore, VllmDouble
 from tests.lib import verl_stand_ins as verl
 
-pytest.importorskip("kvctl.api_loop", reason="kvctl's training-loop API (take_evidence, check_evidence)")
+pytest.importorskip("kvctl.api.loop", reason="kvctl's training-loop API (take_evidence, check_evidence)")
 
 
 @pytest.fixture

@@ -190,7 +190,7 @@ def test_an_update_window_runs_the_body_paused_then_resets_resumes_and_verifies(
     cached_before_update(urls)
     seen: list[bool] = []
 
-    async def loop() -> kvctl.api_loop.UpdateWindow:
+    async def loop() -> kvctl.api.loop.UpdateWindow:
         async with kvctl.update_window_async(urls=urls, master=master) as window:
             seen.extend(r.paused for r in replicas)  # e.g. POST /update_weights, NCCL broadcast
             assert not any(r.calls_to("/reset_prefix_cache") for r in replicas)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvctl.api import ResetFailed, _address, _blocking, _urls, check_keyword_types, typed_keywords
-from kvctl.api_words import python_errors, receipt_for_python
+from kvctl.api.words import python_errors, receipt_for_python
 from kvctl.errors import UsageError
 from kvctl.reset.evidence import Evidence
 from kvctl.reset.evidence import take_evidence as prime_evidence

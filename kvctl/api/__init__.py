@@ -4,7 +4,7 @@
     receipt = kvctl.hard_reset(urls=["http://127.0.0.1:8000"], master="127.0.0.1:9003", verify=True,
                                raise_on_failure=True)
 
-Inside a training loop (kvctl.api_loop): evidence before the update and its check after it
+Inside a training loop (kvctl.api.loop): evidence before the update and its check after it
 (`take_evidence`, `hard_reset(evidence=...)`, `check_evidence`), and `update_window_async` for loops
 that move the weights themselves.
 
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvctl.api_words import python_errors, receipt_for_python
+from kvctl.api.words import python_errors, receipt_for_python
 from kvctl.errors import KvctlError, UsageError
 from kvctl.reset.evidence import Evidence
 from kvctl.reset.execute import hard_reset_fleet

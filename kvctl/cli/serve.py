@@ -77,7 +77,11 @@ def serve(
     with raising_once():
         try:
             record = start_run(spec, on_event=_Progress(quiet=json_out))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            if json_out:  # --json asked for an object on stdout, also when a signal ends the start
+                from kvctl.cli.errors import exit_interrupted
+
+                exit_interrupted(exc, True, "kvctl serve was starting; everything started was stopped")
             _say("[yellow]interrupted: everything started was stopped[/]")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         if detach:

@@ -490,3 +490,24 @@ def test_a_second_signal_while_serve_stops_is_noted_not_obeyed_and_a_launch_hold
                 reached = True  # the launch finishes (its child is kept) before the signal is obeyed
     assert reached and seen == ["SIGQUIT"]
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # handlers put back
+
+
+def test_a_signal_while_serve_json_starts_prints_the_interrupted_object(tmp_path: Path, mooncake: None) -> None:
+    """Issue 39 finding 10 (serve's part): `kvctl serve --json` ended by a signal while its replicas start
+    stopped everything but printed nothing on stdout; a script that asked for JSON reads one."""
+    env = {**os.environ, "FAKE_VLLM_START_DELAY": "30"}  # the replica answers no health check for 30 s
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl", *serve_args(tmp_path, "js", "--json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_state(tmp_path / "state", "js", "starting")
+        time.sleep(1.0)  # the replica is spawned and recorded
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (out, err)
+    data = json.loads(out)
+    assert data == {"ok": False, "exit_code": 143, "interrupted": "SIGTERM", "summary": data["summary"]}
+    assert "everything started was stopped" in data["summary"]
+    assert gone(runs.load("js", tmp_path / "state"))

@@ -14,6 +14,8 @@ Plan = Any
 ReplicaPlan = Any
 
 STORE_CONNECTOR = "MooncakeStoreConnector"
+AUTO = "auto"  # a cache_prefix vLLM resolves itself (AUTO_FACT)
+AUTO_FACT = "mooncake_store.cache_prefix_auto"
 
 
 def plan_scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
@@ -21,6 +23,27 @@ def plan_scope(plan: Plan, planned: list[ReplicaPlan]) -> None:
     _scope(plan, planned)
     if plan.error is None and plan.cache_prefix and not plan.options.whole_master:
         _check_prefix_is_read(plan, planned)
+    if plan.error is None and plan.cache_prefix == AUTO and not plan.options.whole_master:
+        _check_prefix_is_literal(plan, planned)
+
+
+def _check_prefix_is_literal(plan: Plan, planned: list[ReplicaPlan]) -> None:
+    """From vLLM 0.34.0 the store connector turns cache_prefix "auto" into auto-<hash> (of the build, the
+    model and the cache config) and writes its keys under that: a clear scoped to "auto" would find none
+    of them and pass. kvctl cannot derive the hash, and matching every auto-* prefix would take other
+    builds' (other deployments') keys: refused, with where the resolved prefix is logged."""
+    resolving = [r for r in planned if r.has_store and r.version and table().has(Version(r.version), AUTO_FACT)]
+    if not resolving:
+        return
+    since = table().capability(AUTO_FACT).span.since
+    plan.error = (f"the clear is scoped to cache_prefix 'auto', but "
+                  + ", ".join(f"{r.name} (vLLM {r.version})" for r in resolving)
+                  + f" resolve 'auto' to auto-<hash of the build, model and cache config> (vLLM >= {since}, "
+                  "mooncake/store/worker.py _resolve_cache_prefix) and write their keys under that: a clear "
+                  "scoped to 'auto' would find none of them")
+    plan.hint = ("give the fleet the resolved prefix (each replica logs 'MooncakeStore resolved cache_prefix: "
+                 "auto-...'; kvctl logs RUN shows it) as its cache_prefix (inventory cache_prefix:), or pass "
+                 "--whole-master if no other deployment shares the master")
 
 
 def _scope(plan: Plan, planned: list[ReplicaPlan]) -> None:

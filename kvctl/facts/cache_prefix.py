@@ -32,7 +32,10 @@ MAX_LENGTH = 128
 # is written from 0.30.0 (store/data.py:117 in 0.32.0); before it the ranks follow the model directly.
 STORE_NAMESPACE_SINCE = Version("0.30.0")
 _NAMESPACE = "(@store_[a-z_]+:[^@]*)*"
-_RANKS = "@tp_rank:[0-9]+@pcp[0-9]+@dcp[0-9]+@pp_rank:[0-9]+@group:[0-9]+@[0-9a-f]+$"
+_RANK_SEGMENTS = "@tp_rank:[0-9]+@pcp[0-9]+@dcp[0-9]+@pp_rank:[0-9]+"
+_GROUP = "@group:[0-9]+"  # from 0.22.0: every release that reads cache_prefix (0.24.0+) writes it
+_HASH = "@[0-9a-f]+$"
+_RANKS = _RANK_SEGMENTS + _GROUP + _HASH
 
 
 def cache_prefix_problem(value: Any) -> tuple[str, str] | None:
@@ -83,6 +86,17 @@ def key_pattern(cache_prefix: str | None, versions: Iterable[str | None] | None 
         return None
     namespaced = versions is None or any(_from_namespace(v) for v in versions)
     return "^" + re.escape(cache_prefix) + SEPARATOR + "[^@]+" + (_NAMESPACE if namespaced else "") + _RANKS
+
+
+def unprefixed_key_pattern(models: Iterable[str]) -> str | None:
+    """The regex of the keys a fleet without a cache_prefix writes: `<model><store_namespace>@tp_rank:...@<hex>`,
+    the model one of `models` (each replica's served model basename), @group: optional (the store connector
+    writes keys from 0.21.0, @group: from 0.22.0). None: no model, no shape."""
+    models = list(models)
+    if not models:
+        return None
+    return ("^(" + "|".join(re.escape(m) for m in models) + ")" + _NAMESPACE + _RANK_SEGMENTS + f"({_GROUP})?"
+            + _HASH)
 
 
 def _from_namespace(version: str | None) -> bool:

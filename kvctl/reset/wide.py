@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kvctl.facts.cache_prefix import unprefixed_key_pattern
 from kvctl.facts.capabilities import table
 from kvctl.transport.pool import HttpPool
 
@@ -27,8 +28,6 @@ Plan = Any  # kvctl.reset.plan.Plan: not imported, plan.py imports this
 ReplicaPlan = Any
 
 LIST_AT_MOST = 50_000  # as kvctl.reset.master.EXACT_BEFORE_MAX: a listing this long costs well under 0.1 s
-# vLLM's unprefixed key after the model (PoolKey.to_string; @group: from 0.22.0, @store_... from 0.30.0)
-_RANKS = "(@store_[a-z_]+:[^@]*)*@tp_rank:[0-9]+@pcp[0-9]+@dcp[0-9]+@pp_rank:[0-9]+(@group:[0-9]+)?@[0-9a-f]+$"
 
 
 def master_wide(plan: Plan) -> str | None:
@@ -80,7 +79,8 @@ async def _private(plan: Plan, fleet: Any, http: HttpPool) -> tuple[str | None, 
     if plan.master is None:
         return None, "no Mooncake master is known, so kvctl cannot tell whether another deployment shares it"
     models = await _models(plan, fleet, http)
-    shape = re.compile("^(" + "|".join(re.escape(m) for m in models) + ")" + _RANKS) if models else None
+    pattern = unprefixed_key_pattern(models)  # vLLM's unprefixed key shape (kvctl.facts.cache_prefix)
+    shape = re.compile(pattern) if pattern else None
     opts = plan.options
     try:
         async with MasterAdmin(plan.master, timeout=opts.timeout, pool=http) as admin:

@@ -29,6 +29,13 @@ KVCTL = [str(Path(PY).parent / "kvctl")] if (Path(PY).parent / "kvctl").exists()
 LOOPBACK = "127.0.0.1"
 
 
+# The CPU stack every real-vLLM benchmark starts (kvctl serve ... -- VLLM_ARGS): the tiny model's
+# window, float32 on the CPU, few sequences, no graph capture; its start may take minutes on 2 cores.
+VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
+START_TIMEOUT = 900.0
+# > 128 tokens (one CPU block) and < 256 with the tiny tokenizer: one full block to reuse
+PROMPT = ("The quick brown fox jumps over the lazy dog while the cache keeps every block it has seen. " * 4).strip()
+
 def log(text: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 

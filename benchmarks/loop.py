@@ -57,11 +57,10 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kvctl  # noqa: E402
-from benchmarks.common import BENCH_DIR, KVCTL, ROOT, log, replace_section, run_timed, summarize  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    BENCH_DIR, KVCTL, PROMPT, ROOT, START_TIMEOUT, VLLM_ARGS, log, replace_section, run_timed, summarize,
+)
 
-VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
-PROMPT = ("The quick brown fox jumps over the lazy dog while the cache keeps every block it has seen. " * 4).strip()
-START_TIMEOUT = 900.0
 RESULTS = BENCH_DIR / "loop.json"
 DOC = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- loop:begin (benchmarks/loop.py) -->", "<!-- loop:end -->"

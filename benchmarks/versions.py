@@ -57,7 +57,7 @@ import httpx
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import BENCH_DIR, ROOT, log, replace_section
+from benchmarks.common import BENCH_DIR, ROOT, VLLM_ARGS, log, replace_section
 from kvctl.serve.master_process import MasterProcess
 from kvctl.transport.master_admin import MasterAdmin
 
@@ -381,7 +381,6 @@ REAL_CASES: dict[str, tuple[str, list[str], str]] = {
 }
 REAL_UPDATES = {"salt-roomy": 2}
 REAL_PROMPT_SCALE = {"salt-roomy": 0.5}
-VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
 STACK_LOCK = "/tmp/kvctl-real-stack.lock"  # other real stacks on this machine wait for this one
 
 

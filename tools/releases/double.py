@@ -26,7 +26,8 @@ def double_for(release: str, model: str, *, dev_mode: bool) -> VllmDouble:
 
 def transcript(release: str, model: str, *, dev_mode: bool) -> Transcript:
     with DoubleFleet(replicas=[double_for(release, model, dev_mode=dev_mode)]) as fleet:
-        return sequence.run(fleet.urls[0], model, dev_mode=dev_mode)
+        # the double answers at once or holds until /resume: a short wait tells them apart
+        return sequence.run(fleet.urls[0], model, dev_mode=dev_mode, held_s=0.3)
 
 
 def differences(real: Transcript, double: Transcript) -> list[str]:

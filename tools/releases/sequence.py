@@ -218,7 +218,7 @@ def metric_names(text: str) -> list[str]:
     return sorted(name for name in METRICS if name in found)
 
 
-def run(url: str, model: str, *, dev_mode: bool) -> Transcript:
+def run(url: str, model: str, *, dev_mode: bool, held_s: float = HELD_S) -> Transcript:
     """The whole sequence. Without dev mode only the routes are asked (which of them vLLM gates)."""
     r = Runner(url, model, dev_mode=dev_mode)
     try:
@@ -228,13 +228,13 @@ def run(url: str, model: str, *, dev_mode: bool) -> Transcript:
             if isinstance(ex.shape, dict):
                 ex.shape = sorted(ex.shape)  # a GET route's answer: its sections, asked again below
         if dev_mode:
-            _behaviour(r)
+            _behaviour(r, held_s)
         return r.transcript
     finally:
         r.close()
 
 
-def _behaviour(r: Runner) -> None:
+def _behaviour(r: Runner, held_s: float) -> None:
     # metrics, and the local prefix cache: a repeated prompt hits, a reset empties it
     metrics = r.client.get("/metrics")
     r.transcript.metric_names = metric_names(metrics.text)
@@ -263,7 +263,7 @@ def _behaviour(r: Runner) -> None:
         r.send("pause", "POST", "/pause")
         r.send("is_paused after pause", "GET", "/is_paused", value=_paused)
         waiting = _Background(r.url, r.model)  # a request sent while paused: answered at once, or held
-        time.sleep(HELD_S)
+        time.sleep(held_s)
         held = waiting.outcome()
         r.send("resume", "POST", "/resume")
         r.transcript.exchanges.append(Exchange("completion while paused", "POST", "/v1/completions",

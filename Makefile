@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 sysdeps-demo sysdeps-test sysdeps-bench:
 	@PYTHON=$(PYTHON) tools/system_deps.sh $(@:sysdeps-%=%)
 
-.PHONY: install vllm-env vllm-env-0.24 tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake
+.PHONY: install vllm-env vllm-env-0.24 tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake release-excerpts
 
 install: $(STAMP)
 
@@ -80,6 +80,11 @@ capabilities-check: $(STAMP)
 # github.com/kvcache-ai/Mooncake; env MOONCAKE_GIT_DIR, default /work/.mirror/kvcache-ai+Mooncake/repo).
 capabilities-mooncake: $(STAMP)
 	$(PY) -m tools.capabilities.mooncake_facts
+
+# Rebuild tests/data/release-sources/: the files of the vLLM cache and the Mooncake mirror that the
+# extractors' tests read, so those tests run where neither is (tools/capabilities/excerpts.py).
+release-excerpts: $(STAMP)
+	$(PY) -m tools.capabilities.excerpts
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info

@@ -26,6 +26,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 from packaging.version import InvalidVersion, Version
 
@@ -306,9 +307,22 @@ def release_tags(git_dir: Path) -> list[tuple[str, str]]:
     return found
 
 
+class ReleaseTree(Protocol):
+    """What snapshot_tree reads of a release: GitTag, or the excerpt tests/lib/release_sources.py
+    serves (tools/capabilities/excerpts.py: FolderTag) where no mirror is."""
+
+    def read(self, path: str) -> str: ...
+
+    def files_containing(self, pattern: str, paths: tuple[str, ...]) -> list[str]: ...
+
+
 def snapshot(git_dir: Path, tag: str) -> dict:
     """One release's {"flags": ..., "routes": ...} read from the tag's sources."""
-    tree = GitTag(git_dir, tag)
+    return snapshot_tree(GitTag(git_dir, tag))
+
+
+def snapshot_tree(tree: ReleaseTree) -> dict:
+    """snapshot() on any source of one release's files."""
     flags = parse_flags(tree.read(MASTER_SOURCE), MASTER_SOURCE)
     missing = unresolved_names(flags)
     if missing:  # defaults named after constants in the store's headers (types.h, ...)

@@ -10,17 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.lib import REPO
-from tools.capabilities import cli_facts, fetch
+from tests.lib.release_sources import vllm_tree
+from tools.capabilities import cli_facts
 from tools.capabilities.merge import facts_at, strip_locations
 from tools.capabilities.source import SourceTree
 
 COMMITTED = json.loads((REPO / "kvctl/data/vllm_facts.json").read_text())
 
 
-def _cached(version: str) -> dict:
-    if not fetch._is_cached(fetch.CACHE_ROOT, version):
-        pytest.skip(f"vLLM {version}'s sources are not in {fetch.CACHE_ROOT} (make capabilities fetches them)")
-    return cli_facts.extract(SourceTree(fetch.CACHE_ROOT / version))
+def _release(version: str) -> dict:
+    return cli_facts.extract(vllm_tree(version))
 
 
 FAKE = {
@@ -94,15 +93,15 @@ def test_synthetic_parser_followed_through_its_calls(tmp_path: Path) -> None:
 
 
 def test_disable_log_requests_deprecated_through_0_16_and_gone_in_0_17() -> None:
-    old = _cached("0.16.0")["--disable-log-requests"]["values"]
+    old = _release("0.16.0")["--disable-log-requests"]["values"]
     assert old["deprecated"] and (old["file"], old["line"]) == ("vllm/engine/arg_utils.py", 2087)
-    assert "--no-disable-log-requests" in _cached("0.16.0")
-    later = _cached("0.17.0")
+    assert "--no-disable-log-requests" in _release("0.16.0")
+    later = _release("0.17.0")
     assert "--disable-log-requests" not in later and "--enable-log-requests" in later
 
 
 def test_aliases_booleans_and_frontend_fields_in_0_32() -> None:
-    facts = _cached("0.32.0")
+    facts = _release("0.32.0")
     assert facts["-tp"]["values"]["option"] == "--tensor-parallel-size"
     assert {"--no-enable-prefix-caching", "--no-enforce-eager", "--port", "--kv-transfer-config"} <= set(facts)
     assert "--no-port" not in facts and "--no-kv-transfer-config" not in facts
@@ -111,7 +110,7 @@ def test_aliases_booleans_and_frontend_fields_in_0_32() -> None:
 
 def test_committed_facts_hold_what_the_sources_say() -> None:
     for version in ("0.8.5", "0.16.0", "0.17.0", "0.32.0", "0.33.0"):
-        fresh = strip_locations({"serve_flags": _cached(version)})["serve_flags"]
+        fresh = strip_locations({"serve_flags": _release(version)})["serve_flags"]
         committed = strip_locations(facts_at(COMMITTED, version))["serve_flags"]
         assert committed == fresh, version
 
@@ -121,7 +120,7 @@ def test_skip_validation_bool_fields_get_their_no_form(version: str) -> None:
     """Issue 40 item 4: SchedulerConfig.enable_chunked_prefill is SkipValidation[bool] in 0.9.1-0.11.0
     (vllm/config/scheduler.py:89 in 0.10.2); get_type_hints unwraps it (engine/arg_utils.py:134-148),
     so argparse has --no-enable-chunked-prefill there."""
-    found = _cached(version)
+    found = _release(version)
     assert "--enable-chunked-prefill" in found and "--no-enable-chunked-prefill" in found
     committed = facts_at(COMMITTED, version)["serve_flags"]
     assert "--no-enable-chunked-prefill" in committed

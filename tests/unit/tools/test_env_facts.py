@@ -8,20 +8,18 @@ import json
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from tests.lib import REPO
-from tools.capabilities import env_facts, fetch
+from tests.lib.release_sources import vllm_tree
+from tools.capabilities import env_facts
 from tools.capabilities.merge import facts_at
 from tools.capabilities.source import SourceTree
 
 COMMITTED = json.loads((REPO / "kvctl/data/vllm_facts.json").read_text())
 
 
-def _cached(version: str) -> SourceTree:
-    if not fetch._is_cached(fetch.CACHE_ROOT, version):
-        pytest.skip(f"vLLM {version}'s sources are not in {fetch.CACHE_ROOT} (make capabilities fetches them)")
-    return SourceTree(fetch.CACHE_ROOT / version)
+def _release(version: str) -> SourceTree:
+    return vllm_tree(version)
 
 
 FAKE = {
@@ -90,24 +88,24 @@ def test_synthetic_tree_without_validation_or_registry(tmp_path: Path) -> None:
 
 def test_moe_dp_chunk_is_defined_up_to_0_19_and_gone_in_0_20() -> None:
     for version in ("0.13.0", "0.19.1"):
-        assert "VLLM_ENABLE_MOE_DP_CHUNK" in env_facts.registered(_cached(version))
-    assert "VLLM_ENABLE_MOE_DP_CHUNK" not in env_facts.registered(_cached("0.20.0"))
-    assert "VLLM_ENABLE_MOE_DP_CHUNK" not in env_facts.registered(_cached("0.12.0"))
+        assert "VLLM_ENABLE_MOE_DP_CHUNK" in env_facts.registered(_release(version))
+    assert "VLLM_ENABLE_MOE_DP_CHUNK" not in env_facts.registered(_release("0.20.0"))
+    assert "VLLM_ENABLE_MOE_DP_CHUNK" not in env_facts.registered(_release("0.12.0"))
 
 
 def test_vllm_use_v1_is_gone_from_0_11_1_and_dev_mode_stays() -> None:
-    assert "VLLM_USE_V1" in env_facts.registered(_cached("0.11.0"))
-    assert "VLLM_USE_V1" not in env_facts.registered(_cached("0.11.1"))
+    assert "VLLM_USE_V1" in env_facts.registered(_release("0.11.0"))
+    assert "VLLM_USE_V1" not in env_facts.registered(_release("0.11.1"))
     for version in ("0.9.0", "0.13.0", "0.32.0"):
-        assert "VLLM_SERVER_DEV_MODE" in env_facts.registered(_cached(version))
+        assert "VLLM_SERVER_DEV_MODE" in env_facts.registered(_release(version))
 
 
 def test_validate_environ_from_0_17_and_on_the_platform_from_0_31() -> None:
-    assert env_facts.validation(_cached("0.16.0")) == {}
-    at_17 = env_facts.validation(_cached("0.17.0"))["unknown_names"]
+    assert env_facts.validation(_release("0.16.0")) == {}
+    at_17 = env_facts.validation(_release("0.17.0"))["unknown_names"]
     assert at_17["call"]["values"]["value"] == "envs.validate_environ"
     assert at_17["check"]["values"]["line"] == 1704  # vllm/envs.py:1704 at 0.17.0
-    at_32 = env_facts.validation(_cached("0.32.0"))["unknown_names"]
+    at_32 = env_facts.validation(_release("0.32.0"))["unknown_names"]
     assert at_32["call"]["values"] == {"value": "current_platform.validate_environ",
                                        "file": "vllm/engine/arg_utils.py", "line": 2221}
     assert "check" not in at_32  # Platform.validate_environ: vllm/platforms/, not in the cache
@@ -116,7 +114,7 @@ def test_validate_environ_from_0_17_and_on_the_platform_from_0_31() -> None:
 
 def test_committed_facts_hold_what_the_sources_say() -> None:
     for version in ("0.13.0", "0.20.0", "0.32.0"):
-        names, validation = env_facts.extract(_cached(version))
+        names, validation = env_facts.extract(_release(version))
         committed = facts_at(COMMITTED, version)
         assert set(committed["env_vars"]) == set(names), version
         assert set(committed["env_validation"]) == set(validation), version

@@ -11,17 +11,16 @@ from pathlib import Path
 import pytest
 
 from tests.lib import REPO
-from tools.capabilities import fetch, offload_args_facts
+from tests.lib.release_sources import vllm_tree
+from tools.capabilities import offload_args_facts
 from tools.capabilities.merge import facts_at, strip_locations
 from tools.capabilities.source import SourceTree
 
 COMMITTED = json.loads((REPO / "kvctl/data/vllm_facts.json").read_text())
 
 
-def _cached(version: str) -> SourceTree:
-    if not fetch._is_cached(fetch.CACHE_ROOT, version):
-        pytest.skip(f"vLLM {version}'s sources are not in {fetch.CACHE_ROOT} (make capabilities fetches them)")
-    return SourceTree(fetch.CACHE_ROOT / version)
+def _release(version: str) -> SourceTree:
+    return vllm_tree(version)
 
 
 def _values(section: dict, *path: str) -> dict:
@@ -88,12 +87,12 @@ def test_synthetic_fields_gate_requires_and_branches(tmp_path: Path) -> None:
 
 
 def test_absent_before_0_11_1() -> None:
-    assert offload_args_facts.extract(_cached("0.11.0")) == {}
-    assert "kv_offloading_size" in offload_args_facts.extract(_cached("0.11.1"))
+    assert offload_args_facts.extract(_release("0.11.0")) == {}
+    assert "kv_offloading_size" in offload_args_facts.extract(_release("0.11.1"))
 
 
 def test_0_13_gates_on_the_backend_and_writes_num_cpu_blocks_0() -> None:
-    facts = offload_args_facts.extract(_cached("0.13.0"))
+    facts = offload_args_facts.extract(_release("0.13.0"))
     post = facts["post_init"]
     assert facts["kv_offloading_backend"]["types"]["default"] == "None"
     assert _values(facts, "kv_offloading_backend", "choices")["value"] == ["lmcache", "native"]
@@ -105,7 +104,7 @@ def test_0_13_gates_on_the_backend_and_writes_num_cpu_blocks_0() -> None:
 
 
 def test_0_14_gates_on_the_size_defaults_native_and_writes_cpu_bytes_to_use() -> None:
-    facts = offload_args_facts.extract(_cached("0.14.0"))
+    facts = offload_args_facts.extract(_release("0.14.0"))
     post = facts["post_init"]
     assert facts["kv_offloading_backend"]["types"]["default"] == "'native'"
     assert _values(post, "gate")["value"] == "kv_offloading_size" and "requires" not in post
@@ -115,15 +114,15 @@ def test_0_14_gates_on_the_size_defaults_native_and_writes_cpu_bytes_to_use() ->
 
 
 def test_simple_cpu_offload_switch_from_0_19_and_lmcache_mp_from_0_23() -> None:
-    native = _values(offload_args_facts.extract(_cached("0.19.0"))["post_init"], "params", "native")
+    native = _values(offload_args_facts.extract(_release("0.19.0"))["post_init"], "params", "native")
     assert native["env_connector"] == {"env": "VLLM_USE_SIMPLE_KV_OFFLOAD", "connector": "SimpleCPUOffloadConnector"}
-    lmcache = _values(offload_args_facts.extract(_cached("0.23.0"))["post_init"], "params", "lmcache")
+    lmcache = _values(offload_args_facts.extract(_release("0.23.0"))["post_init"], "params", "lmcache")
     assert (lmcache["connector"], lmcache["extra_mode"]) == ("LMCacheMPConnector", None)
 
 
 def test_committed_facts_hold_what_the_sources_say() -> None:
     for version in ("0.11.1", "0.13.0", "0.14.0", "0.23.0", "0.33.0"):
-        fresh = strip_locations({"offload_args": offload_args_facts.extract(_cached(version))})["offload_args"]
+        fresh = strip_locations({"offload_args": offload_args_facts.extract(_release(version))})["offload_args"]
         committed = strip_locations(facts_at(COMMITTED, version))["offload_args"]
         assert committed == fresh, version
 
@@ -132,7 +131,7 @@ def test_committed_facts_hold_what_the_sources_say() -> None:
 def test_the_sizes_are_per_rank(version: str) -> None:
     """Issue 40 item 4: _post_init_kv_transfer_config divides the size by num_kv_ranks = TP x PP
     (vllm/config/vllm.py:488-491 in 0.13.0): the fact says so, and the committed facts carry it."""
-    ranks = _values(offload_args_facts.extract(_cached(version))["post_init"], "ranks")
+    ranks = _values(offload_args_facts.extract(_release(version))["post_init"], "ranks")
     assert ranks["value"] == ("self.parallel_config.tensor_parallel_size * "
                               "self.parallel_config.pipeline_parallel_size")
     assert facts_at(COMMITTED, version)["offload_args"]["post_init"]["ranks"]["values"]["value"] == ranks["value"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.lib import REPO
+from tests.lib.release_sources import vllm_tree
 from tools.capabilities import fetch, offload_facts
 from tools.capabilities.__main__ import generate
 from tools.capabilities.merge import facts_at
@@ -19,10 +20,8 @@ from tools.capabilities.source import SourceTree
 COMMITTED = json.loads((REPO / "kvctl/data/vllm_facts.json").read_text())
 
 
-def _cached(version: str) -> SourceTree:
-    if not fetch._is_cached(fetch.CACHE_ROOT, version):
-        pytest.skip(f"vLLM {version}'s sources are not in {fetch.CACHE_ROOT} (make capabilities fetches them)")
-    return SourceTree(fetch.CACHE_ROOT / version)
+def _release(version: str) -> SourceTree:
+    return vllm_tree(version)
 
 
 def _params(section: dict, name: str) -> dict[str, dict]:
@@ -91,11 +90,11 @@ def test_synthetic_spec_keys_required_casts_choices_and_inherited(tmp_path: Path
 # --- vLLM's released sources ----------------------------------------------------------------------
 
 def test_0_13_requires_num_cpu_blocks_and_0_14_cpu_bytes_to_use() -> None:
-    specs, _ = offload_facts.extract(_cached("0.13.0"))
+    specs, _ = offload_facts.extract(_release("0.13.0"))
     old = _params(specs, "CPUOffloadingSpec")
     assert old["num_cpu_blocks"]["required"] and "cpu_bytes_to_use" not in old
     assert old["num_cpu_blocks"]["file"] == "vllm/v1/kv_offload/cpu.py"
-    specs, _ = offload_facts.extract(_cached("0.14.0"))
+    specs, _ = offload_facts.extract(_release("0.14.0"))
     new = _params(specs, "CPUOffloadingSpec")
     assert new["cpu_bytes_to_use"]["required"] and new["cpu_bytes_to_use"]["cast"] == "int"
     assert "num_cpu_blocks" not in new
@@ -103,9 +102,9 @@ def test_0_13_requires_num_cpu_blocks_and_0_14_cpu_bytes_to_use() -> None:
 
 
 def test_tiering_spec_is_registered_from_0_22_with_its_tiers() -> None:
-    specs, _ = offload_facts.extract(_cached("0.21.0"))
+    specs, _ = offload_facts.extract(_release("0.21.0"))
     assert sorted(specs) == ["CPUOffloadingSpec"]
-    specs, _ = offload_facts.extract(_cached("0.22.0"))
+    specs, _ = offload_facts.extract(_release("0.22.0"))
     assert specs["TieringOffloadingSpec"]["spans"]["module"] == "vllm.v1.kv_offload.tiering.spec"
     tiers = specs["TieringOffloadingSpec"]["tiers"]["values"]
     assert tiers["value"] == ["example", "fs_python"] and tiers["module_path"] is False
@@ -114,7 +113,7 @@ def test_tiering_spec_is_registered_from_0_22_with_its_tiers() -> None:
 
 
 def test_simple_cpu_offload_connector_keys_and_choices_0_32() -> None:
-    _, connectors = offload_facts.extract(_cached("0.32.0"))
+    _, connectors = offload_facts.extract(_release("0.32.0"))
     simple = _params(connectors, "SimpleCPUOffloadConnector")
     assert simple["kv_offload_backend"]["choices"] == ["cpu", "disk"]
     assert simple["cpu_bytes_to_use"]["required"] is False and simple["lazy_offload"]["cast"] == "bool"
@@ -125,7 +124,7 @@ def test_simple_cpu_offload_connector_keys_and_choices_0_32() -> None:
 
 def test_committed_facts_hold_what_the_sources_say() -> None:
     for version in ("0.11.0", "0.13.0", "0.22.0", "0.33.0"):
-        tree = _cached(version)
+        tree = _release(version)
         specs, connectors = offload_facts.extract(tree)
         committed = facts_at(COMMITTED, version)
         assert set(committed["offload_specs"]) == set(specs), version
@@ -139,7 +138,7 @@ def _mark(root: Path, version: str, patterns: list[str]) -> None:
     (root / version / fetch.MARKER).write_text(json.dumps({"version": version, "patterns": patterns}))
 
 
-def test_a_release_cached_before_the_member_list_grew_is_stale_not_cached(tmp_path: Path) -> None:
+def test_a_release_cached_before_the_member_list_grew_is_stale_not_release(tmp_path: Path) -> None:
     _mark(tmp_path, "0.13.0", [p for p in fetch.MEMBER_PATTERNS if "kv_offload" not in p])
     _mark(tmp_path, "0.14.0", list(fetch.MEMBER_PATTERNS))
     (tmp_path / "0.15.0").mkdir()  # interrupted: no marker

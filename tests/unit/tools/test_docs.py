@@ -23,6 +23,17 @@ def test_compat_md_matrix_is_current() -> None:
     assert BEGIN in text and END in text
 
 
+def test_compat_md_observations_are_current() -> None:
+    """The "Observed on real servers" section is what tools/releases/observed/ says today."""
+    from kvctl.facts.capabilities import table
+    from tools.releases import docs as observed
+
+    text = (ROOT / "docs" / "compat.md").read_text()
+    assert observed.BEGIN in text and observed.END in text
+    assert replace_section(text, observed.markdown(table()), observed.BEGIN, observed.END) == text, \
+        "docs/compat.md's observations are stale: run `make docs`"
+
+
 def test_readme_exit_codes_match_the_cli() -> None:
     from kvctl.cli import errors
 

@@ -140,7 +140,7 @@ async def _evidence_of(replica: Replica, client: Any, options: ResetOptions) -> 
         return ReplicaEvidence(replica.url, replica.name, window,
                                note=f"{describe(window)} when the evidence was taken: no canary was sent "
                                     "(take the evidence while the fleet still serves the old weights)")
-    canary = await Canary.prime(client, options)
+    canary = await Canary.prime(client, options, version)
     return ReplicaEvidence(replica.url, replica.name, window, canary, note=canary.error)
 
 

@@ -113,7 +113,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
 
     async def prime(rp: ReplicaPlan) -> None:
         async with replica_client(by_name[rp.name], opts, http) as client:
-            canaries[rp.name] = await verify.Canary.prime(client, opts)
+            canaries[rp.name] = await verify.Canary.prime(client, opts, rp.version)
 
     async def run_phase(rp: ReplicaPlan, names: tuple[str, ...]) -> None:
         async with replica_client(by_name[rp.name], opts, http) as client:
@@ -195,7 +195,7 @@ async def _execute(plan: Plan, fleet: Fleet, start: float, http: HttpPool,
             canary = canaries.get(rp.name)
             if canary is not None:
                 async with replica_client(by_name[rp.name], opts, http) as client:
-                    receipts[rp.name].canary = await canary.check(client)
+                    receipts[rp.name].canary = await canary.check(client, rp.version)
                 if evidence is not None and evidence.canary_for(rp.url) is canary:
                     evidence.mark_checked(rp.url)
         await clock.timed("verify", _verify_phase(each(check, serving), serving, by_name, opts, http, receipts))

@@ -26,6 +26,7 @@ from packaging.version import Version
 
 from kvctl.errors import EXIT_INCONCLUSIVE, EXIT_MATCH, EXIT_STALE, UsageError
 from kvctl.facts.capabilities import table
+from kvctl.reset.cached_tokens import CachedTokens, read
 from kvctl.reset.tolerance import replica_tolerance
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.http import HttpPool
@@ -232,8 +233,9 @@ async def _probe_replica(replica: Replica, prompts: list[str], options: ProbeOpt
             out.error, out.hint = getattr(exc, "message", None) or "the server lists no model", FIX_SERVER
             return out
         out.tolerance, out.tolerance_reason = await replica_tolerance(client, version, options.tolerance)
+        signal = CachedTokens.of(version)  # one reader over the replica's answers (vLLM < 0.24 omits a zero)
         for prompt in prompts:
-            out.results.append(await _probe_prompt(client, model, prompt, options, out.tolerance))
+            out.results.append(await _probe_prompt(client, model, prompt, options, out.tolerance, signal))
     return out
 
 
@@ -247,7 +249,7 @@ async def _cannot_probe(client: VllmClient, version: Version) -> tuple[str, str]
 
 
 async def _probe_prompt(client: VllmClient, model: str, prompt: str, options: ProbeOptions,
-                        tolerance: float) -> PromptResult:
+                        tolerance: float, signal: CachedTokens) -> PromptResult:
     short = prompt[:60]
     plain = await _complete(client, model, prompt, options, salt=None)
     salted = await _complete(client, model, prompt, options, salt=secrets.token_hex(16))
@@ -256,17 +258,29 @@ async def _probe_prompt(client: VllmClient, model: str, prompt: str, options: Pr
             why = outcome.error if not outcome.ok else "its body is not a JSON object"
             return PromptResult(short, "inconclusive", f"the {label} request failed: {why}", hint=FIX_REQUEST)
     p, s = _answer(plain.body, options.max_tokens), _answer(salted.body, options.max_tokens)
+    p.cached, s.cached, note = await _counts(client, model, options, signal, plain.body, salted.body)
     result = PromptResult(short, "match", "", p.cached, s.cached, plain_tokens=p.tokens, salted_tokens=s.tokens)
     if s.cached is None:
-        _inconclusive(result, "the server reports no cached tokens (start it with --enable-prompt-tokens-details), "
-                      "so a fresh computation of the salted request cannot be confirmed", FIX_CACHED)
+        _inconclusive(result, f"{signal.unreported()}, so a fresh computation of the salted request cannot be "
+                      "confirmed", FIX_CACHED)
     elif s.cached > 0:
         _inconclusive(result, f"the salted request still had {s.cached:g} cached tokens: the cache ignores "
                       "cache_salt (LMCache did, LMCache issue 2878), so no fresh computation to compare with",
                       FIX_SALT)
     else:
         _compare(p, s, tolerance, result)
+        result.reason += f" ({note})" if note else ""
     return result
+
+
+async def _counts(client: VllmClient, model: str, options: ProbeOptions, signal: CachedTokens,
+                  plain: Any, salted: Any) -> tuple[float | None, float | None, str | None]:
+    """Both answers' cached tokens, read by the replica's one reader: where its release omits a
+    zero and no answer showed the flag yet, a control shows it first (kvctl.reset.cached_tokens)."""
+    first, second = signal.read(plain), signal.read(salted)
+    if first.omitted or second.omitted:
+        await signal.show_flag(client, model, options.timeout)
+    return signal.value(first), signal.value(second), signal.note_for(first, second)
 
 
 async def _complete(client: VllmClient, model: str, prompt: str, options: ProbeOptions,
@@ -299,12 +313,8 @@ def _real(x: object) -> bool:
 
 def _answer(body: Any, max_tokens: int | None = None) -> _Answer:
     """One /v1/completions answer, read defensively. Tokens beyond max_tokens are not kept."""
-    usage = body.get("usage") if isinstance(body, dict) else None
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    # NaN or a negative count would pass for "0 cached tokens": only a real count is one
-    count = float(cached) if _real(cached) and 0 <= float(cached) < math.inf else None
-    out = _Answer([], [], [], count)
+    # NaN or a negative count would pass for "0 cached tokens": only a real count is one (read())
+    out = _Answer([], [], [], read(body).count)
     try:
         _read_choices(body.get("choices") if isinstance(body, dict) else None, max_tokens, out)
     except _Malformed as exc:

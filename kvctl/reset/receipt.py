@@ -42,6 +42,7 @@ class CanaryCheck:
     external_hits: float | None = None
     error: str | None = None
     stale: bool = False  # it hit the cache after the reset: KV computed before it survives
+    note: str | None = None  # how its count was read (vLLM < 0.24 omits a zero: kvctl.reset.cached_tokens)
 
 
 @dataclass
@@ -256,6 +257,7 @@ def _record_proof(rr: ReplicaReceipt, master: MasterReceipt | None, master_ok: b
         return
     if rr.canary is not None and rr.canary.ok:
         how = ("its canary's cached_tokens" if rr.canary.signal == "cached_tokens" else "its hit counters")
+        how += f"; {rr.canary.note}" if rr.canary.note else ""
         rr.proven.append(f"local and store: a prompt cached before the reset shows 0 cached tokens after it ({how})")
     if judged and master is not None and master.verified:
         scope = f"under '{master.cache_prefix}'" if master.cache_prefix else "in total"

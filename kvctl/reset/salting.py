@@ -16,8 +16,9 @@ controls so that "no hit" cannot come from a tier that is simply off:
 Fresh random prompts only (a nonce at their head makes every block hash new, so nobody else's
 traffic can hit them, nor they anyone's), longer than one KV block; no reset, no pause; a paused or
 sleeping replica gets no request. The verdict of each probe is read from the request's own
-`usage.prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details), immune to
-other traffic; without it, from the replica's hit counters, which other traffic also moves (the
+`usage.prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details; vLLM < 0.24
+answers a null for 0, read as 0 once the replica's control showed the flag: kvctl.reset.cached_tokens),
+immune to other traffic; without it, from the replica's hit counters, which other traffic also moves (the
 receipt says which `signal` was used). Counter deltas also tell a local hit from a store hit on
 the replica that primed. With one replica the store cannot be told apart from the local cache
 without evicting it: that tier stays unproven. Core library: no printing; never imports vllm.
@@ -33,7 +34,7 @@ from typing import Any, Literal
 
 from kvctl.errors import EXIT_FAILED, EXIT_OK, UsageError
 from kvctl.facts.capabilities import table
-from kvctl.reset.verify import FALLBACK_BLOCK_SIZE, cached_tokens_of, unique_prompt
+from kvctl.reset.cached_tokens import FALLBACK_BLOCK_SIZE, ZERO_OMITTED, CachedTokens, Reading, unique_prompt
 from kvctl.reset.window import accepts_requests, describe, read_window
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.http import HttpPool
@@ -98,6 +99,7 @@ class Probe:
     local_hits: float | None = None  # counter deltas around it (others' traffic included)
     external_hits: float | None = None
     error: str | None = None
+    details_null: bool = False  # the answer's usage.prompt_tokens_details was null (vLLM < 0.24: maybe a 0)
 
     @property
     def hit(self) -> float | None:
@@ -178,6 +180,7 @@ class _Live:
     block: int = FALLBACK_BLOCK_SIZE
     store_prompt: str | None = None  # primed here with the first salt, for the next replica to read
     prime_error: str | None = None
+    signal: CachedTokens = field(default_factory=lambda: CachedTokens(omits_zero=False))  # its answers' reader
 
 
 async def check_salt_isolation(fleet: Fleet, options: SaltOptions | None = None,
@@ -219,6 +222,7 @@ async def _local_and_prime(client: VllmClient, replica: Replica, options: SaltOp
     try:
         version = await client.version()
         out.version = str(version)
+        live.signal = CachedTokens.of(version)
         if not table().has(version, "api.completions.cache_salt"):
             since = table().capability("api.completions.cache_salt").span.since
             out.error = f"vLLM {version} takes no cache_salt on /v1/completions (first in {since})"
@@ -245,7 +249,9 @@ async def _local_and_prime(client: VllmClient, replica: Replica, options: SaltOp
     prime = await _probe(client, live, prompt, s1)
     cross = await _probe(client, live, prompt, s2)
     control = await _probe(client, live, prompt, s1)
+    _resolve(live, prime, cross, control)  # the control's count shows the flag: only then is a null a 0
     _judge_local(out, prime, cross, control)
+    _note_zero(out.local)
     if out.connector is None and "no KV connector" in " ".join(out.notes):
         _unproven(out.store, f"{NO_CONNECTOR} on this replica: it has no external tier to isolate")
     primed = await _probe(client, live, store_prompt, s1)
@@ -268,8 +274,10 @@ async def _read_store(client: VllmClient, reader: _Live, primer: _Live, options:
     s1, s2 = options.salts  # type: ignore[misc]
     tier.cross = await _probe(client, reader, primer.store_prompt, s2)
     tier.control = await _probe(client, reader, primer.store_prompt, s1)
+    _resolve(reader, tier.cross, tier.control)
     _judge(tier, tier.cross, tier.control, reader.out.name, f"primed on {primer.out.name} salted {s1!r}",
            f"read on {reader.out.name}")
+    _note_zero(tier)
 
 
 async def _connector(client: VllmClient, out: ReplicaSalt) -> str | None:
@@ -297,7 +305,22 @@ async def _probe(client: VllmClient, live: _Live, prompt: str, salt: str) -> Pro
     if not outcome.ok:
         return Probe(salt, None, error=f"the request failed: {outcome.error}")
     delta: CacheCounters = after.delta(before)
-    return Probe(salt, cached_tokens_of(outcome), delta.local_hits, delta.external_hits)
+    reading = live.signal.read(outcome.body)
+    return Probe(salt, reading.count, delta.local_hits, delta.external_hits, details_null=reading.omitted)
+
+
+def _resolve(live: _Live, *probes: Probe) -> None:
+    """Read the nulls of these probes with every answer the replica gave in this check: on vLLM < 0.24
+    a null is 0 cached tokens once one of them carried the details (kvctl.reset.cached_tokens)."""
+    for probe in probes:
+        if probe.cached_tokens is None and not probe.error:
+            probe.cached_tokens = live.signal.value(Reading(None, probe.details_null))
+
+
+def _note_zero(tier: TierCheck) -> None:
+    """Say so where the verdict's 0 across salts was read from a null (vLLM < 0.24)."""
+    if tier.cross is not None and tier.cross.details_null and tier.cross.cached_tokens == 0:
+        tier.reason += f" ({ZERO_OMITTED})"
 
 
 def _judge_local(out: ReplicaSalt, prime: Probe, cross: Probe, control: Probe) -> None:

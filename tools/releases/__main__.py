@@ -68,10 +68,10 @@ def run_release(p: plan.Planned, tbl: CapabilityTable, build: Future[tuple[str, 
     model, weights = MODELS / "tiny-llama-0", MODELS / "tiny-llama-1"
     try:
         with tempfile.TemporaryDirectory(prefix="kvctl-release-") as tmp:
-            with server.running(python, model, Path(tmp) / "dev", dev_mode=True) as s:
+            with server.running(python, model, Path(tmp) / "dev", release=p.release, dev_mode=True) as s:
                 data["dev"] = sequence.run(s.url, s.model, dev_mode=True).to_json()
                 data["kvctl"] = kvctl_runs.replica_runs(p.release, s.url, weights, tbl)
-            with server.running(python, model, Path(tmp) / "nodev", dev_mode=False) as s:
+            with server.running(python, model, Path(tmp) / "nodev", release=p.release, dev_mode=False) as s:
                 data["nodev"] = sequence.run(s.url, s.model, dev_mode=False).to_json()
     except server.ServerError as exc:
         return {**data, "reason": f"the real server did not start: {exc}"}

@@ -106,6 +106,16 @@ def _cache_salt(ev: Evidence, table: CapabilityTable) -> Verdict:
     return Verdict(salted.value is False, f"PROMPT primed, then salted: {'a cache hit' if salted.value else 'no hit'}")
 
 
+def _zero_reported(ev: Evidence, table: CapabilityTable) -> Verdict:
+    """A completion that found nothing cached (the first after the local reset): details or null."""
+    ex = ev.dev.find("completion after reset") or ev.dev.find("completion first")
+    usage = ex.shape.get("usage") if ex is not None and isinstance(ex.shape, dict) else None
+    if not isinstance(usage, dict):
+        return Verdict(None, "no completion answered")
+    details = usage.get("prompt_tokens_details")
+    return Verdict(isinstance(details, dict), f"a completion with no cached token: prompt_tokens_details {details}")
+
+
 def _abort_requests(ev: Evidence, table: CapabilityTable) -> Verdict:
     seen = _route("/abort_requests")(ev, table)
     if seen.observed is False and not table.has(ev.release, "http.abort_requests.dev"):
@@ -176,6 +186,7 @@ OBSERVERS: dict[str, Observer] = {
     "http.start_weight_update": _route("/start_weight_update"),
     "http.finish_weight_update": _route("/finish_weight_update"),
     "api.completions.cache_salt": _cache_salt,
+    "api.completions.zero_cached_tokens_reported": _zero_reported,
     "engine.cache_salt_in_block_hash": _cache_salt,
     "http.server_info": _route("/server_info"),
     "metrics.prefix_cache_hits": _metric("vllm:prefix_cache_hits"),

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from kvctl.facts.serve_flags import serve_options
+
 # The CPU flags of the e2e tier (FACTS §5) plus what kvctl serve always adds.
 VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager",
              "--enable-prefix-caching", "--enable-prompt-tokens-details"]
@@ -52,14 +54,14 @@ def server_env(workdir: Path, *, dev_mode: bool) -> dict[str, str]:
 
 
 @contextmanager
-def running(python: str, model: Path, workdir: Path, *, dev_mode: bool,
+def running(python: str, model: Path, workdir: Path, *, release: str, dev_mode: bool,
             extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
     """A server until the block ends (its whole process group is stopped then)."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / f"vllm-{'dev' if dev_mode else 'nodev'}-{port}.log"
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--host", "127.0.0.1", "--port", str(port), *VLLM_ARGS, *extra_args]
+           "--host", "127.0.0.1", "--port", str(port), *VLLM_ARGS, *device_args(release), *extra_args]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=server_env(workdir, dev_mode=dev_mode),
                                 start_new_session=True)
@@ -69,6 +71,13 @@ def running(python: str, model: Path, workdir: Path, *, dev_mode: bool,
         yield server
     finally:
         stop(proc)
+
+
+def device_args(release: str) -> list[str]:
+    """`--device cpu` where the release's parser takes it: the public torch that stands in for the
+    pinned +cpu build is a CUDA build, and vLLM 0.8.5 infers its platform from the build ("Failed to
+    infer device type" on a machine without a GPU)."""
+    return ["--device", "cpu"] if "--device" in serve_options(release) else []
 
 
 def _wait_healthy(server: Server) -> None:

@@ -219,8 +219,9 @@ def test_reset_verify_probe_prompts_that_match_is_verified(cli, tmp_path: Path) 
     (lambda: VllmDouble(connector=None), "hello", "no log-probabilities", "logprobs"),
     # longer than max_model_len: vLLM refuses it with a 400
     (lambda: LogprobsVllm(max_model_len=40), " ".join(["word"] * 60), "maximum context length", "max_model_len"),
-    # a cache that ignores cache_salt: the salted request still hits (the prompt fills 3 blocks)
-    (lambda: VllmDouble(connector=None), " ".join(f"w{i}" for i in range(50)), "ignores cache_salt",
+    # a cache that ignores cache_salt (a fault: real vLLM honours it): the salted request still hits
+    # (the prompt fills 3 blocks)
+    (lambda: VllmDouble(connector=None, cache_salt=False), " ".join(f"w{i}" for i in range(50)), "ignores cache_salt",
      "cache_salt"),
     # no cached_tokens in the answer: a fresh computation of the salted request is not confirmed
     (lambda: LogprobsVllm(prompt_tokens_details=False), "hello", "reports no cached tokens",

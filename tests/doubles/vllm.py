@@ -70,7 +70,8 @@ V_NESTED_ERROR_BODY = (0, 10, 2)         # {"error": {...}} error bodies (approx
 V_EXTERNAL_PREFIX_METRICS = (0, 11, 1)   # vllm:external_prefix_cache_{queries,hits}
 V_RESET_MM_ROUTE = (0, 11, 1)            # POST /reset_mm_cache (dev)
 V_PAUSE_ROUTES = (0, 12, 0)              # /pause /resume /is_paused
-V_RESET_PARAMS = (0, 13, 0)              # reset_running_requests / reset_external honoured
+V_RESET_RUNNING_PARAM = (0, 12, 0)       # /reset_prefix_cache?reset_running_requests= (seen on real 0.12.0)
+V_RESET_PARAMS = (0, 13, 0)              # /reset_prefix_cache?reset_external= honoured
 V_SERVER_INFO_ROUTE = (0, 11, 0)         # GET /server_info?config_format= (dev; vllm_facts.json)
 V_SERVER_INFO_ENV = (0, 14, 0)           # /server_info also lists vllm_env (the VLLM_* settings)
 V_SERVER_INFO_SYSTEM_ENV = (0, 16, 0)    # ... and system_env (serve/instrumentator/server_info.py:57), both formats
@@ -721,11 +722,12 @@ class VllmDouble(WeightsModel, DoubleServer):
     # -- handlers: dev cache routes ---------------------------------------------------------------
     async def _h_reset_prefix_cache(self, request: web.Request, call: Call) -> web.Response:
         reset_external = preempt = False
-        if self.v >= V_RESET_PARAMS:
-            # Unknown params (e.g. reset_connector=true) are ignored.
+        # Unknown params (e.g. reset_connector=true) are ignored: reset_running_requests is read from
+        # 0.12.0 (api_server.py:881), reset_external from 0.13.0; before, every parameter is ignored.
+        if self.v >= V_RESET_RUNNING_PARAM:
             preempt = self._query_bool(call, "reset_running_requests", False)
+        if self.v >= V_RESET_PARAMS:
             reset_external = self._query_bool(call, "reset_external", False)
-        # before 0.13.0 every query parameter is unknown to vLLM, hence ignored.
         if self.running and preempt:  # Scheduler.reset_prefix_cache preempts them first
             self.preempted += self.running
         blocked = self.running > 0 and not preempt  # BlockPool.reset_prefix_cache: blocks in use -> False

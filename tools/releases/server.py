@@ -4,6 +4,7 @@ with the tiny generated model, on loopback, and stopped with everything it spawn
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -108,8 +109,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def tail(log: Path, lines: int = 25) -> str:
+def tail(log: Path, lines: int = 12) -> str:
+    """The log's first error lines (the root cause, which vLLM prints before its own traceback of the
+    failed start) and its last lines."""
     try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        text = log.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    causes = [line for line in text if re.search(r"\b\w*(Error|Exception)\b:", line)]
+    first = list(dict.fromkeys(causes))[:4]
+    return "\n".join(["first errors:", *first, "last lines:", *text[-lines:]])

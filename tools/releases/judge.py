@@ -101,9 +101,18 @@ def _cache_salt(ev: Evidence, table: CapabilityTable) -> Verdict:
     salted = ev.dev.find("completion salted")  # sent right after PROMPT was primed unsalted
     if salted is None or salted.status != 200:
         return Verdict(False, f"a completion with cache_salt answered {salted.status if salted else 'nothing'}")
-    if salted.value is None:
+    hit = salted.value
+    repeated = ev.dev.find("completion repeated")
+    if hit is None and repeated is not None and repeated.value is True and _details(salted) == "null":
+        hit = False  # the flag is on (the repeat carried the details): a null is a zero before 0.24
+    if hit is None:
         return Verdict(None, "no cached_tokens in the answer")
-    return Verdict(salted.value is False, f"PROMPT primed, then salted: {'a cache hit' if salted.value else 'no hit'}")
+    return Verdict(hit is False, f"PROMPT primed, then salted: {'a cache hit' if hit else 'no hit'}")
+
+
+def _details(ex: Any) -> Any:
+    usage = ex.shape.get("usage") if isinstance(ex.shape, dict) else None
+    return usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
 
 
 def _zero_reported(ev: Evidence, table: CapabilityTable) -> Verdict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -41,7 +42,8 @@ def build_env(wheel: str) -> tuple[str, float]:
     env.pop("KVCTL_VLLM_ENV", None)
     done = subprocess.run([str(REPO / "tools/make_vllm_env.sh")], check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or ["(see below)"]
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or \
+            [line for line in done.stderr.splitlines() if re.search(r"\b\w*Error\b:", line)][-1:] or ["(see below)"]
         raise RuntimeError(f"building its env failed (tools/make_vllm_env.sh): {errors[0][:300]}\n{done.stderr[-1500:]}")
     return done.stdout.strip().splitlines()[-1], time.monotonic() - started
 

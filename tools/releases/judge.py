@@ -111,17 +111,17 @@ def _cache_salt(ev: Evidence, table: CapabilityTable) -> Verdict:
 
 
 def _details(ex: Any) -> Any:
+    """A completion's usage.prompt_tokens_details shape ("null", a dict, "absent"), None: no usage at all."""
     usage = ex.shape.get("usage") if isinstance(ex.shape, dict) else None
-    return usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    return usage.get("prompt_tokens_details", "absent") if isinstance(usage, dict) else None
 
 
 def _zero_reported(ev: Evidence, table: CapabilityTable) -> Verdict:
     """A completion that found nothing cached (the first after the local reset): details or null."""
     ex = ev.dev.find("completion after reset") or ev.dev.find("completion first")
-    usage = ex.shape.get("usage") if ex is not None and isinstance(ex.shape, dict) else None
-    if not isinstance(usage, dict):
+    details = _details(ex) if ex is not None else None
+    if details is None:
         return Verdict(None, "no completion answered")
-    details = usage.get("prompt_tokens_details")
     return Verdict(isinstance(details, dict), f"a completion with no cached token: prompt_tokens_details {details}")
 
 

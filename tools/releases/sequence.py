@@ -23,8 +23,9 @@ from typing import Any
 
 import httpx
 
-# ~216 tokens with the tiny tokenizer: one full KV block on the CPU (block size 128) plus a partial one.
-PROMPT = ("The quick brown fox jumps over the lazy dog while the cache keeps every block it has seen. " * 4).strip()
+from benchmarks.common import PROMPT  # > 128 tokens with the tiny tokenizer: one full CPU block
+from kvctl.reset import cached_tokens
+
 SALT = "kvctl-tier-salt"
 LABEL = "kvctl-tier-label"
 BOGUS = "maybe"  # not a bool, not a pause mode: only a route that reads the parameter refuses it
@@ -151,10 +152,9 @@ def _with_query(path: str, params: dict[str, str] | None) -> str:
 
 
 def _cached_hit(response: httpx.Response) -> bool | None:
-    details = (response.json().get("usage") or {}).get("prompt_tokens_details")
-    if not isinstance(details, dict) or details.get("cached_tokens") is None:
-        return None
-    return details["cached_tokens"] > 0
+    """Cached prompt tokens > 0, as the answer gives them (None: no count, e.g. a null before 0.24)."""
+    count = cached_tokens.read(response.json()).count
+    return None if count is None else count > 0
 
 
 def _completion_shape(full: Any) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,11 +15,14 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.common import VLLM_ARGS
 from kvctl.facts.serve_flags import serve_options
+from kvctl.serve import procs
+from kvctl.serve.ports import free_port
 
-# The CPU flags of the e2e tier (FACTS §5) plus what kvctl serve always adds.
-VLLM_ARGS = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager",
-             "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+# What kvctl serve adds to every replica (kvctl/serve/vllm_launch.py replica_command), for a server the
+# tier starts itself; the CPU stack's own flags are benchmarks/common.py's VLLM_ARGS.
+KVCTL_SERVE_FLAGS = ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
 START_TIMEOUT = 600.0
 
 
@@ -34,12 +36,6 @@ class Server:
     model: str
     log: Path
     proc: subprocess.Popen[bytes]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_env(workdir: Path, *, dev_mode: bool) -> dict[str, str]:
@@ -103,7 +99,7 @@ def _start(python: str, model: Path, workdir: Path, release: str, dev_mode: bool
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / f"vllm-{'dev' if dev_mode else 'nodev'}-{port}.log"
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--host", "127.0.0.1", "--port", str(port), *VLLM_ARGS, *device_args(release), *extra_args]
+           "--host", "127.0.0.1", "--port", str(port), *VLLM_ARGS, *KVCTL_SERVE_FLAGS, *device_args(release), *extra_args]
     env = server_env(workdir, dev_mode=dev_mode)
     if preload:
         env["LD_PRELOAD"] = ":".join(p for p in (preload, env.get("LD_PRELOAD")) if p)
@@ -182,4 +178,4 @@ def tail(log: Path, lines: int = 12) -> str:
         return "(no log)"
     causes = [line for line in text if re.search(r"\b\w*(Error|Exception)\b:", line)]
     first = list(dict.fromkeys(causes))[:4]
-    return "\n".join(["first errors:", *first, "last lines:", *text[-lines:]])
+    return "\n".join(["first errors:", *first, "last lines:", procs.tail(log, lines)])
